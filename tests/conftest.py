@@ -1,0 +1,129 @@
+"""Shared fixtures: real vfsd daemons mounted on temporary run directories.
+
+Integration tests start the daemon through the same CLI a user would
+(`vfsd mount`), and always unmount in teardown, lazily if needed, so a failing
+test never leaves a dead mount behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+VFSD = [sys.executable, "-m", "vfsd.cli"]
+
+
+def vfsd_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run the `vfsd` command line and return the finished process."""
+    proc = subprocess.run(
+        [*VFSD, *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"vfsd {' '.join(map(str, args))} exited {proc.returncode}\n"
+            f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
+        )
+    return proc
+
+
+def is_mounted(path: Path) -> bool:
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+@dataclass
+class MountedRun:
+    """A run dir with a live vfsd mount on `root` (RUN_DIR/fs)."""
+
+    run_dir: Path
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def root(self) -> Path:
+        return self.run_dir / "fs"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.run_dir / ".vfsd"
+
+    def mount(self, *args: str) -> None:
+        vfsd_cli("mount", self.run_dir, *self.extra_args, *args)
+        assert is_mounted(self.root)
+
+    def umount(self) -> None:
+        vfsd_cli("umount", self.run_dir)
+        assert not is_mounted(self.root)
+
+    def remount(self) -> None:
+        self.umount()
+        self.mount()
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return vfsd_cli(*args, check=check)
+
+    def status(self) -> dict:
+        return json.loads(vfsd_cli("status", self.run_dir, "--json").stdout)
+
+    def log_text(self) -> str:
+        log = self.state_dir / "vfsd.log"
+        return log.read_text() if log.exists() else ""
+
+    def cleanup(self) -> None:
+        if is_mounted(self.root):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.root)], capture_output=True)
+        pidfile = self.state_dir / "vfsd.pid"
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text().strip()), 9)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture
+def run(tmp_path: Path):
+    """A mounted run dir with the default options; unmounted in teardown.
+
+    Fails the test if the daemon logged an error or a traceback, unless the test
+    set `run.expect_errors = True`.
+    """
+    r = MountedRun(tmp_path / "run")
+    r.mount()
+    r.expect_errors = False  # type: ignore[attr-defined]
+    try:
+        yield r
+    finally:
+        if is_mounted(r.root):
+            proc = vfsd_cli("umount", r.run_dir, check=False)
+            if proc.returncode != 0:
+                r.cleanup()
+        log = r.log_text()
+        r.cleanup()
+    if not r.expect_errors:  # type: ignore[attr-defined]
+        bad = [ln for ln in log.splitlines() if '"level": "error"' in ln or "Traceback" in ln]
+        assert not bad, "daemon logged errors:\n" + "\n".join(bad[:20])
+
+
+@pytest.fixture
+def run_factory(tmp_path: Path):
+    """Make extra run dirs (for shared stores, custom options)."""
+    made: list[MountedRun] = []
+
+    def make(name: str = "run2", *args: str, mount: bool = True) -> MountedRun:
+        r = MountedRun(tmp_path / name, tuple(args))
+        made.append(r)
+        if mount:
+            r.mount()
+        return r
+
+    yield make
+    for r in made:
+        if is_mounted(r.root):
+            vfsd_cli("umount", r.run_dir, check=False)
+        r.cleanup()

@@ -1,0 +1,299 @@
+"""The `vfsd` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .client import ControlClient, ControlError, DaemonUnreachable
+from .config import Config, ConfigError, load_config
+from .rundir import RunDir, mount_state, pid_alive
+
+MOUNT_TIMEOUT_S = 30.0
+
+
+def _fail(msg: str, code: int = 1):
+    click.echo(f"vfsd: {msg}", err=True)
+    sys.exit(code)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="vfsd")
+def cli() -> None:
+    """vfsd: a FUSE filesystem for LLM agent artifacts."""
+
+
+def _config_options(fn):
+    opts = [
+        click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+                     help="TOML file with daemon options (command-line flags win)."),
+        click.option("--inline-max", type=int, help="Bytes up to which content is kept inline in LMDB [65536]."),
+        click.option("--chunk-size", type=int, help="Chunk size in bytes for larger files [1048576]."),
+        click.option("--done-retention-steps", type=int, help="Steps a done file is kept [3]."),
+        click.option("--max-age-steps", type=int, help="Steps any unpinned file is kept [20]."),
+        click.option("--quota-bytes", type=int, help="Byte quota; oldest unpinned files go first."),
+        click.option("--max-files", type=int, help="File-count limit; oldest unpinned files go first."),
+        click.option("--durability", type=click.Choice(["fsync", "sync"]),
+                     help="fsync: durable on fsync() [default]; sync: also on close."),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"])),
+        click.option("--allow-other/--no-allow-other", default=None,
+                     help="Let other users reach the mount (needs user_allow_other)."),
+        click.option("--entry-timeout", type=float, help="Kernel entry/attribute cache seconds [3600]."),
+        click.option("--max-tasks", type=int, help="FUSE requests handled concurrently [16]."),
+        click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+_OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
+                "quota_bytes", "max_files", "durability", "log_level", "allow_other",
+                "entry_timeout", "max_tasks", "metrics_port")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--store", type=click.Path(file_okay=False, path_type=Path),
+              help="Store directory (shared stores dedup across run dirs) [RUN_DIR/.vfsd].")
+@click.option("--foreground", "-f", is_flag=True, help="Run the daemon in this process.")
+@click.option("--log-stderr", is_flag=True, help="Log to stderr instead of RUN_DIR/.vfsd/vfsd.log.")
+@_config_options
+def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
+          config_path: Path | None, **opts) -> None:
+    """Mount RUN_DIR/fs, with the store in RUN_DIR/.vfsd unless --store says otherwise.
+
+    Returns once the mount answers.
+    """
+    try:
+        config = load_config(config_path, {k: opts.get(k) for k in _OPTION_KEYS})
+    except (ConfigError, TypeError) as exc:
+        _fail(str(exc), 2)
+    run = RunDir(run_dir)
+    if run.path.exists() and not run.path.is_dir():
+        _fail(f"{run.path} exists and is not a directory", 2)
+    run.state.mkdir(parents=True, exist_ok=True)
+    try:
+        store_dir, volume = run.store_location(store)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    if foreground:
+        from .daemon import run_daemon
+
+        sys.exit(run_daemon(run, config, store_dir, volume, log_to_stderr=log_stderr))
+    _spawn_daemon(run, config, store_dir, volume)
+    click.echo(f"vfsd: mounted {run.mountpoint} (store {store_dir})")
+
+
+def _spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str) -> None:
+    rfd, wfd = os.pipe()
+    args = [sys.executable, "-m", "vfsd.serve", "--run-dir", str(run.path),
+            "--store", str(store_dir), "--volume", volume,
+            "--config-json", json.dumps(config.as_dict()), "--ready-fd", str(wfd)]
+    with open(run.log, "ab") as logf:
+        proc = subprocess.Popen(args, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=logf, start_new_session=True)
+    os.close(wfd)
+    deadline = time.monotonic() + MOUNT_TIMEOUT_S
+    msg = b""
+    with os.fdopen(rfd, "rb") as r:
+        msg = r.readline().strip()
+    if msg.startswith(b"ERROR"):
+        proc.wait(timeout=10)
+        _fail(msg[6:].decode(errors="replace"))
+    if msg != b"READY":
+        code = proc.poll()
+        _fail(f"the daemon exited (code {code}) before the mount was ready; see {run.log}")
+    # The FUSE loop is running; wait until the mount answers a stat.
+    while time.monotonic() < deadline:
+        if mount_state(run.mountpoint) == "live":
+            return
+        if proc.poll() is not None:
+            _fail(f"the daemon exited (code {proc.returncode}); see {run.log}")
+        time.sleep(0.02)
+    _fail(f"the mount did not answer within {MOUNT_TIMEOUT_S:.0f} s; see {run.log}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the daemon.")
+def umount(run_dir: Path, timeout: float) -> None:
+    """Unmount RUN_DIR/fs and wait for the daemon to commit and exit."""
+    run = RunDir(run_dir)
+    pid = run.read_pid()
+    state = mount_state(run.mountpoint)
+    if state == "none" and not pid_alive(pid):
+        _fail(f"{run.mountpoint} is not mounted")
+    if state == "stale":
+        subprocess.run(["fusermount3", "-u", "-z", str(run.mountpoint)], capture_output=True)
+        click.echo(f"vfsd: removed the stale mount on {run.mountpoint}")
+        return
+    if state == "live":
+        proc = subprocess.run(["fusermount3", "-u", str(run.mountpoint)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            _fail(f"cannot unmount {run.mountpoint}: {proc.stderr.strip()} "
+                  "(files still open? see `fuser -vm` on it)")
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if pid_alive(pid):
+        _fail(f"the daemon (pid {pid}) did not exit within {timeout:.0f} s")
+    click.echo(f"vfsd: unmounted {run.mountpoint}")
+
+
+def _client(run: RunDir) -> ControlClient:
+    try:
+        return ControlClient(run.sock)
+    except DaemonUnreachable as exc:
+        _fail(f"{exc}; is {run.path} mounted?")
+
+
+def _call(run_dir: Path, op: str, **args) -> dict:
+    run = RunDir(run_dir)
+    with _client(run) as c:
+        try:
+            return c.call(op, **args)
+        except ControlError as exc:
+            _fail(exc.message if exc.code != "not_found" else f"not found: {exc.message}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(run_dir: Path, as_json: bool) -> None:
+    """Files, bytes per tier, chunks, dedup ratio and live counters."""
+    run = RunDir(run_dir)
+    try:
+        with ControlClient(run.sock, timeout=30) as c:
+            doc = c.call("stats")
+    except (DaemonUnreachable, ConnectionError, OSError):
+        from .status import store_status
+        from .store import Store
+
+        try:
+            store_dir, volume = run.store_location()
+            st = Store(store_dir, volume, readonly=True, create=False)
+        except Exception as exc:
+            _fail(f"no vfsd store for {run.path}: {exc}")
+        doc = {**store_status(st), "running": False}
+        st.close()
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    rows = [
+        ("running", "yes" if doc.get("running") else "no"),
+        ("store", doc["store"]),
+        ("step", doc["step"]),
+        ("files", doc["files"]),
+        ("logical bytes", _human(doc["logical_bytes"])),
+        ("  inline (LMDB)", _human(doc["inline_bytes"])),
+        ("  chunked", _human(doc["chunked_bytes"])),
+        ("chunks", f"{doc['chunk_count']} ({_human(doc['chunk_bytes'])})"),
+        ("stored bytes", _human(doc["stored_bytes"])),
+        ("dedup ratio", f"{doc['dedup_ratio']:.2f}x"),
+    ]
+    for key, value in doc.get("counters", {}).items():
+        rows.append((key.replace("_", " "), value))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"{k:<{width}}  {v}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("step", type=click.IntRange(min=0))
+@click.option("--json", "as_json", is_flag=True)
+def step(run_dir: Path, step: int, as_json: bool) -> None:
+    """Advance the agent step to STEP and apply eviction."""
+    report = _call(run_dir, "set_step", step=step)
+    _print_report(report, as_json)
+
+
+def _print_report(report: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    verb = "would evict" if report["dry_run"] else "evicted"
+    click.echo(f"step {report['step']}: {verb} {report['files']} file(s), "
+               f"{_human(report['bytes'])}")
+    for r in report["evicted"]:
+        click.echo(f"  {r['reason']:<9} {r['path']}  ({_human(r['size'])}, written at step {r['step']})")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Report what would go, remove nothing.")
+@click.option("--json", "as_json", is_flag=True)
+def evict(run_dir: Path, dry_run: bool, as_json: bool) -> None:
+    """Apply the eviction policy now."""
+    _print_report(_call(run_dir, "evict", dry_run=dry_run), as_json)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def evicted(run_dir: Path, limit: int, as_json: bool) -> None:
+    """The eviction log, oldest first."""
+    records = _call(run_dir, "evicted", limit=limit)["records"]
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+        return
+    for r in records:
+        click.echo(f"step {r['evicted_step']:>5}  {r['reason']:<9} {r['path']}  "
+                   f"ino={r['ino']} size={r['size']} hash={r['hash']}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+def gc(run_dir: Path) -> None:
+    """Remove unreferenced chunks and leftover temporary files."""
+    run = RunDir(run_dir)
+    if pid_alive(run.read_pid()):
+        result = _call(run_dir, "gc")
+    else:
+        from .store import Store
+
+        store_dir, volume = run.store_location()
+        st = Store(store_dir, volume, create=False)
+        result = st.gc_chunks(min_temp_age_s=0)
+        st.close()
+    click.echo(json.dumps(result))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("path")
+def ref(run_dir: Path, path: str) -> None:
+    """Print the reference (JSON) of PATH, relative to the mount root or absolute inside it."""
+    run = RunDir(run_dir)
+    p = Path(path)
+    if p.is_absolute():
+        try:
+            path = str(Path(os.path.abspath(p)).relative_to(run.mountpoint))
+        except ValueError:
+            _fail(f"{path} is not inside {run.mountpoint}", 2)
+    click.echo(json.dumps(_call(run_dir, "ref", path=path)))
+
+
+def main() -> None:
+    cli(prog_name="vfsd")
+
+
+if __name__ == "__main__":
+    main()

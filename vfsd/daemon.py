@@ -1,0 +1,192 @@
+"""The daemon process: open the store, mount, serve FUSE and control requests.
+
+One trio nursery owns every task: the FUSE loop, the control server and the
+signal watcher. Shutdown is cancellation: unmounting (by `vfsd umount`,
+`fusermount3 -u` or SIGTERM) ends the FUSE loop, and the nursery is cancelled.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pyfuse3
+import structlog
+import trio
+
+from . import __version__, notify
+from .config import Config
+from .errors import StoreLocked, StoreVersionError
+from .eviction import Evictor
+from .fs import VfsdOperations
+from .logs import setup_logging
+from .openfiles import OpenFiles
+from .rundir import RunDir, lock_volume, mount_state
+from .store import Store
+
+log = structlog.get_logger("vfsd.daemon")
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message is for the user."""
+
+
+class Daemon:
+    """Everything one mounted run dir needs, wired together."""
+
+    def __init__(self, run: RunDir, config: Config, store_dir: Path, volume: str) -> None:
+        self.run = run
+        self.config = config
+        self.store_dir = store_dir
+        self.volume = volume
+        self.store: Store | None = None
+        self.ops: VfsdOperations | None = None
+        self.evictor: Evictor | None = None
+        self._lock_fd: int | None = None
+        self.started = time.monotonic()
+
+    # --------------------------------------------------------------- setup
+
+    def prepare(self) -> None:
+        """Everything that can fail before mounting, with clear messages."""
+        if not os.path.exists("/dev/fuse"):
+            raise StartupError("/dev/fuse is missing: load the fuse module, or run the "
+                               "container with --device /dev/fuse")
+        if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+            raise StartupError("/dev/fuse is not readable and writable by this user")
+        mp = self.run.mountpoint
+        self.run.state.mkdir(parents=True, exist_ok=True)
+        mp.mkdir(parents=True, exist_ok=True)
+        state = mount_state(mp)
+        if state == "live":
+            raise StartupError(f"{mp} is already mounted")
+        if state == "stale":
+            log.warning("stale_mount_cleaned", mountpoint=str(mp))
+            os.system(f"fusermount3 -u -z {str(mp)!r} >/dev/null 2>&1")
+            if mount_state(mp) != "none":
+                raise StartupError(f"{mp} holds a stale mount that could not be removed")
+        if any(mp.iterdir()):
+            raise StartupError(f"mountpoint {mp} is not empty")
+        try:
+            self._lock_fd = lock_volume(self.store_dir, self.volume)
+        except StoreLocked as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            self.store = Store(self.store_dir, self.volume)
+        except StoreVersionError as exc:
+            raise StartupError(str(exc)) from None
+        self.run.record_store(self.store_dir, self.volume)
+        # Inodes left without names by a previous run: nobody can reach them now.
+        for ino in self.store.orphans():
+            self.store.free_inode(ino)
+        files = OpenFiles(self.store, chunk_size=self.config.chunk_size,
+                          inline_max=self.config.inline_max)
+        self.ops = VfsdOperations(self.store, files, entry_timeout=self.config.entry_timeout,
+                                  durability=self.config.durability)
+        self.evictor = Evictor(self.store, self.ops, self.config)
+        self.ops.quota = self.evictor.reserve
+        self.ops.reserve_file = self.evictor.reserve_file
+
+    def mount_options(self) -> set[str]:
+        opts = {"fsname=vfsd", "subtype=vfsd", "default_permissions"}
+        if self.config.allow_other:
+            opts.add("allow_other")
+        return opts
+
+    # ------------------------------------------------------------------ run
+
+    async def main(self, ready) -> None:
+        from .control import ControlServer
+
+        control = ControlServer(self)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(control.serve)
+            nursery.start_soon(self._watch_signals, nursery.cancel_scope)
+            nursery.start_soon(self._fuse_main, nursery.cancel_scope)
+            await trio.sleep(0)
+            ready()
+            log.info("mounted", mountpoint=str(self.run.mountpoint), store=str(self.store_dir),
+                     volume=self.volume, version=__version__, pid=os.getpid())
+
+    async def _fuse_main(self, cancel_scope: trio.CancelScope) -> None:
+        try:
+            await pyfuse3.main(max_tasks=self.config.max_tasks)
+        finally:
+            cancel_scope.cancel()
+
+    async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("signal", signum=signum)
+                notify.notify("STOPPING=1")
+                pyfuse3.terminate()
+                return
+
+    def shutdown(self) -> None:
+        """Commit buffers, free what the kernel no longer references, close."""
+        if self.ops is not None:
+            self.ops.forget_all()
+        if self.store is not None:
+            self.store.sync()
+            self.store.close()
+        for path in (self.run.sock, self.run.pidfile):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
+               ready_fd: int | None = None, log_to_stderr: bool = False) -> int:
+    """Run until unmounted. Reports readiness (or the startup error) on `ready_fd`."""
+
+    def report(msg: str) -> None:
+        if ready_fd is not None:
+            try:
+                os.write(ready_fd, msg.encode() + b"\n")
+                os.close(ready_fd)
+            except OSError:
+                pass
+
+    run.state.mkdir(parents=True, exist_ok=True)
+    stream = sys.stderr if log_to_stderr else open(run.log, "a", buffering=1)
+    setup_logging(config.log_level, stream)
+    daemon = Daemon(run, config, store_dir, volume)
+    try:
+        daemon.prepare()
+    except StartupError as exc:
+        log.error("startup_failed", error=str(exc))
+        report(f"ERROR {exc}")
+        return 1
+    run.pidfile.write_text(str(os.getpid()))
+    try:
+        pyfuse3.init(daemon.ops, str(run.mountpoint), daemon.mount_options())
+    except Exception as exc:
+        log.error("mount_failed", error=str(exc))
+        report(f"ERROR cannot mount {run.mountpoint}: {exc}")
+        daemon.shutdown()
+        return 1
+
+    def ready() -> None:
+        report("READY")
+        notify.notify("READY=1")
+
+    code = 0
+    try:
+        trio.run(daemon.main, ready)
+    except BaseException:
+        log.exception("daemon_failed")
+        code = 1
+    finally:
+        try:
+            pyfuse3.close(unmount=True)
+        except Exception as exc:  # already unmounted is fine
+            if getattr(exc, "errno", None) not in (errno.EINVAL, None):
+                log.warning("unmount_failed", error=str(exc))
+        daemon.shutdown()
+        log.info("stopped", code=code)
+    return code

@@ -1,0 +1,170 @@
+"""Eviction: which files leave, and when, measured in agent steps.
+
+A regular file is evicted when it is `done` and older than
+`done_retention_steps`, or older than `max_age_steps`, unless pinned; past
+`quota_bytes` or `max_files`, the oldest unpinned files go first. Age is the
+current step minus the step of the file's last change. Every decision comes
+from range scans of the store's step indexes, so the cost follows what is
+evicted, not how many files exist.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyfuse3
+import structlog
+
+from . import errors
+from .config import Config
+from .inode import STATUS_NAMES
+
+log = structlog.get_logger("vfsd.eviction")
+
+
+class Evictor:
+    """Plans and applies evictions for one mounted volume."""
+
+    def __init__(self, store, ops, config: Config) -> None:
+        self.store = store
+        self.ops = ops
+        self.files = ops.files
+        self.config = config
+        self.evicted_total = 0
+        self.enospc_total = 0
+
+    # ------------------------------------------------------------ planning
+
+    def plan(self, step: int, *, extra_bytes: int = 0, extra_files: int = 0,
+             exclude: int | None = None) -> list[tuple[int, str]]:
+        """[(ino, reason)] that policy removes at `step`, oldest first."""
+        cfg = self.config
+        victims: dict[int, str] = {}
+        for _, ino in self.store.scan_index("donestep", before_step=step - cfg.done_retention_steps):
+            victims[ino] = "done"
+        for _, ino in self.store.scan_index("agestep", before_step=step - cfg.max_age_steps):
+            victims.setdefault(ino, "max_age")
+        victims.pop(exclude, None)
+        if cfg.quota_bytes is not None or cfg.max_files is not None:
+            self._plan_limits(victims, extra_bytes, extra_files, exclude)
+        return list(victims.items())
+
+    def _plan_limits(self, victims: dict[int, str], extra_bytes: int, extra_files: int,
+                     exclude: int | None) -> None:
+        cfg = self.config
+        counters = self.store.counters()
+        used = self.usage(counters) + extra_bytes
+        nfiles = counters["files"] + extra_files
+        for ino in victims:
+            inode = self.files.attrs(ino)
+            used -= inode.size
+            nfiles -= 1
+
+        def over() -> bool:
+            return ((cfg.quota_bytes is not None and used > cfg.quota_bytes)
+                    or (cfg.max_files is not None and nfiles > cfg.max_files))
+
+        if not over():
+            return
+        for _, ino in self.store.scan_index("agestep"):
+            if ino in victims or ino == exclude:
+                continue
+            inode = self.files.attrs(ino)
+            reason = ("quota" if cfg.quota_bytes is not None and used > cfg.quota_bytes
+                      else "max_files")
+            victims[ino] = reason
+            used -= inode.size
+            nfiles -= 1
+            if not over():
+                return
+
+    def usage(self, counters: dict | None = None) -> int:
+        """Logical bytes of the volume, including writes still buffered."""
+        counters = counters or self.store.counters()
+        pending = sum(max(of.inode.size - of.committed_size, 0)
+                      for of in self.files.files.values())
+        return counters["logical_bytes"] + pending
+
+    # ------------------------------------------------------------ applying
+
+    def run(self, step: int | None = None, *, dry_run: bool = False,
+            extra_bytes: int = 0, extra_files: int = 0, exclude: int | None = None) -> dict:
+        """Evict what policy says at `step` (default: the current step); a report."""
+        t0 = time.perf_counter()
+        current = self.store.get_step()
+        step = current if step is None else step
+        plan = self.plan(step, extra_bytes=extra_bytes, extra_files=extra_files,
+                         exclude=exclude)
+        records = []
+        for ino, reason in plan:
+            inode = self.files.attrs(ino)
+            try:
+                digest = self.files.content_hash(ino).hex()
+            except errors.StoreError:
+                digest = ""
+            records.append({
+                "path": self.store.path_of(ino) or "", "ino": ino, "gen": inode.gen,
+                "hash": digest, "size": inode.size, "step": inode.step,
+                "evicted_step": step, "reason": reason,
+                "status": STATUS_NAMES[inode.status],
+            })
+        if not dry_run and records:
+            removed = self.store.evict([(r["ino"], r) for r in records])
+            self._tell_kernel(removed)
+            self.evicted_total += len(records)
+        report = {
+            "step": step, "dry_run": dry_run, "evicted": records, "files": len(records),
+            "bytes": sum(r["size"] for r in records),
+            "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
+        }
+        if records:
+            log.info("evicted", step=step, dry_run=dry_run, files=len(records),
+                     bytes=report["bytes"], duration_ms=report["duration_ms"])
+        return report
+
+    def _tell_kernel(self, removed: list[tuple[int, list[tuple[int, bytes]]]]) -> None:
+        fuse_ino = self.ops._fuse_ino
+        for ino, names in removed:
+            for parent, name in names:
+                try:
+                    pyfuse3.invalidate_entry_async(fuse_ino(parent), name,
+                                                   deleted=fuse_ino(ino), ignore_enoent=True)
+                except Exception as exc:  # not mounted (tests, dry setups)
+                    log.debug("invalidate_failed", ino=ino, error=str(exc))
+            self.ops._maybe_free(ino)
+
+    def set_step(self, step: int) -> dict:
+        current = self.store.get_step()
+        if step < current:
+            raise errors.InvalidArgument(f"step {step} is before the current step {current}")
+        self.store.set_step(step)
+        return self.run(step)
+
+    # --------------------------------------------------------------- quota
+
+    def reserve(self, grow: int, ino: int | None = None) -> None:
+        """Make room for `grow` more bytes, evicting if needed; NoSpace if impossible."""
+        quota = self.config.quota_bytes
+        if quota is None or grow <= 0:
+            return
+        if self.usage() + grow <= quota:
+            return
+        self.run(extra_bytes=grow, exclude=ino)
+        if self.usage() + grow > quota:
+            self.enospc_total += 1
+            log.warning("quota_exceeded", quota_bytes=quota, usage=self.usage(), needed=grow,
+                        ino=ino)
+            raise errors.NoSpace(f"quota of {quota} bytes exceeded")
+
+    def reserve_file(self) -> None:
+        """Make room for one more file under max_files."""
+        limit = self.config.max_files
+        if limit is None:
+            return
+        if self.store.counters()["files"] < limit:
+            return
+        self.run(extra_files=1)
+        if self.store.counters()["files"] >= limit:
+            self.enospc_total += 1
+            log.warning("max_files_exceeded", max_files=limit)
+            raise errors.NoSpace(f"max_files limit of {limit} reached")

@@ -1,0 +1,518 @@
+"""FUSE request handlers (pyfuse3 Operations).
+
+Handlers translate between FUSE and the storage API: they never see LMDB keys.
+Every handler goes through `_guard`, so only `FUSEError` ever reaches pyfuse3
+(anything else would end `pyfuse3.main` and leave a dead mount). Storage calls
+are synchronous; the only awaits are for fsync work in a worker thread, and no
+handler awaits between two storage calls that must be atomic together.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import stat
+from collections.abc import Callable
+
+import pyfuse3
+import structlog
+import trio
+
+from . import errors
+from .inode import STATUS_BY_NAME, STATUS_NAMES, Inode
+from .openfiles import OpenFiles
+from .store import Store, now_ns
+
+log = structlog.get_logger("vfsd.fs")
+
+XATTR_PREFIX = b"user.vfsd."
+XATTR_RW = (b"user.vfsd.step", b"user.vfsd.status", b"user.vfsd.pin")
+XATTR_RO = (b"user.vfsd.hash", b"user.vfsd.tier")
+MAX_FILE_SIZE = 1 << 44  # 16 TiB: anything larger is an absurd truncate/write
+
+
+def _guard(fn: Callable) -> Callable:
+    """Map storage errors to errnos and anything unexpected to EIO (logged)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, *args):
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except errors.StoreError as exc:
+            if isinstance(exc, errors.CorruptChunk):
+                log.error("corrupt_chunk", op=fn.__name__, error=str(exc))
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except Exception:
+            log.exception("handler_failed", op=fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+class Counters:
+    """Live operation counters shown by `vfsd status`."""
+
+    __slots__ = ("ops", "bytes_read", "bytes_written", "reads", "writes", "lookups",
+                 "creates", "unlinks")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class VfsdOperations(pyfuse3.Operations):
+    """The vfsd filesystem."""
+
+    enable_writeback_cache = True
+    supports_dot_lookup = False
+
+    def __init__(self, store: Store, openfiles: OpenFiles, *, entry_timeout: float = 3600.0,
+                 durability: str = "fsync", quota=None) -> None:
+        super().__init__()
+        self.store = store
+        self.files = openfiles
+        self.root = store.root_ino
+        self.entry_timeout = entry_timeout
+        self.durability = durability
+        self.lookups: dict[int, int] = {}
+        self.counters = Counters()
+        # Called before a write grows a file (bytes, ino) and before a file is
+        # created; they evict to make room or raise NoSpace. Set by the daemon.
+        self.quota = quota
+        self.reserve_file = None
+
+    # ------------------------------------------------------------- helpers
+
+    def _ino(self, fuse_ino: int) -> int:
+        """Store inode number for a FUSE one (the volume root is FUSE inode 1)."""
+        if fuse_ino == pyfuse3.ROOT_INODE:
+            return self.root
+        if fuse_ino == self.root:
+            return pyfuse3.ROOT_INODE
+        return fuse_ino
+
+    _fuse_ino = _ino  # the mapping is a swap, so it is its own inverse
+
+    def _entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = self._fuse_ino(inode.ino)
+        e.generation = inode.gen
+        e.entry_timeout = self.entry_timeout
+        e.attr_timeout = self.entry_timeout
+        e.st_mode = inode.mode
+        e.st_nlink = inode.nlink
+        e.st_uid = inode.uid
+        e.st_gid = inode.gid
+        e.st_rdev = inode.rdev
+        e.st_size = inode.size
+        e.st_blksize = 128 * 1024
+        if inode.inline:
+            e.st_blocks = -(-inode.size // 512)
+        else:
+            stored = min(inode.nblocks * self.files.cs, inode.size)
+            e.st_blocks = -(-stored // 512)
+        e.st_atime_ns = inode.atime_ns
+        e.st_mtime_ns = inode.mtime_ns
+        e.st_ctime_ns = inode.ctime_ns
+        return e
+
+    def _attrs(self, ino: int) -> Inode:
+        return self.files.attrs(ino)
+
+    def _remember(self, inode: Inode) -> pyfuse3.EntryAttributes:
+        """Entry reply that the kernel will hold a reference to."""
+        self.lookups[inode.ino] = self.lookups.get(inode.ino, 0) + 1
+        return self._entry(inode)
+
+    def _maybe_free(self, ino: int) -> None:
+        """Free an inode once it has no names, no kernel references, no handles."""
+        if self.lookups.get(ino, 0) > 0 or ino in self.files.files:
+            return
+        try:
+            inode = self.store.get_inode(ino)
+        except errors.NotFound:
+            return
+        if inode.nlink == 0:
+            self.store.free_inode(ino)
+
+    # ----------------------------------------------------------- namespace
+
+    @_guard
+    async def lookup(self, parent_inode, name, ctx):
+        self.counters.lookups += 1
+        parent = self._ino(parent_inode)
+        if name == b".":
+            return self._remember(self._attrs(parent))
+        if name == b"..":
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        inode = self.store.lookup(parent, name)
+        of = self.files.get(inode.ino)
+        return self._remember(of.inode if of else inode)
+
+    async def forget(self, inode_list):
+        # Must not raise: it answers no request.
+        for fuse_ino, n in inode_list:
+            try:
+                ino = self._ino(fuse_ino)
+                left = self.lookups.get(ino, 0) - n
+                if left > 0:
+                    self.lookups[ino] = left
+                    continue
+                self.lookups.pop(ino, None)
+                self._maybe_free(ino)
+            except Exception:
+                log.exception("forget_failed", ino=fuse_ino)
+
+    @_guard
+    async def getattr(self, inode, ctx):
+        return self._entry(self._attrs(self._ino(inode)))
+
+    @_guard
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        ino = self._ino(inode)
+        of = self.files.get(ino)
+        if fields.update_size:
+            if attr.st_size > MAX_FILE_SIZE or attr.st_size < 0:
+                raise pyfuse3.FUSEError(errno.EFBIG)
+            temp = of is None
+            of = self.files.acquire(ino) if temp else of
+            try:
+                if not of.inode.is_reg:
+                    raise pyfuse3.FUSEError(errno.EINVAL)
+                if self.quota is not None and attr.st_size > of.inode.size:
+                    self.quota(attr.st_size - of.inode.size, ino)
+                self.files.truncate(of, attr.st_size)
+            finally:
+                if temp:
+                    self.files.release(of)
+                    of = None
+        inode_rec = of.inode if of else self.store.get_inode(ino)
+        old = inode_rec.copy()
+        changed = False
+        if fields.update_mode:
+            inode_rec.mode = (inode_rec.mode & ~0o7777) | (attr.st_mode & 0o7777)
+            changed = True
+        if fields.update_uid:
+            inode_rec.uid = attr.st_uid
+            changed = True
+        if fields.update_gid:
+            inode_rec.gid = attr.st_gid
+            changed = True
+        if fields.update_atime:
+            inode_rec.atime_ns = attr.st_atime_ns
+            changed = True
+        if fields.update_mtime:
+            inode_rec.mtime_ns = attr.st_mtime_ns
+            changed = True
+        if changed or fields.update_ctime:
+            inode_rec.ctime_ns = attr.st_ctime_ns if fields.update_ctime else now_ns()
+            if of is not None:
+                # The record in LMDB may lag behind buffered content; write
+                # attributes through but keep the committed size and tier.
+                stored = self.store.get_inode(ino)
+                merged = inode_rec.copy()
+                merged.size, merged.inline, merged.nblocks = stored.size, stored.inline, stored.nblocks
+                merged.step, merged.hash = stored.step, stored.hash
+                self.store.update_inode(merged, stored)
+            else:
+                self.store.update_inode(inode_rec, old)
+        return self._entry(inode_rec)
+
+    @_guard
+    async def readlink(self, inode, ctx):
+        return self.store.readlink(self._ino(inode))
+
+    @_guard
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        self.counters.creates += 1
+        if self.reserve_file is not None and stat.S_ISREG(mode):
+            self.reserve_file()
+        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, ctx.gid, rdev)
+        return self._remember(inode)
+
+    @_guard
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        inode = self.store.create(self._ino(parent_inode), name,
+                                  stat.S_IFDIR | (mode & 0o7777), ctx.uid, ctx.gid)
+        return self._remember(inode)
+
+    @_guard
+    async def symlink(self, parent_inode, name, target, ctx):
+        inode = self.store.create(self._ino(parent_inode), name, stat.S_IFLNK | 0o777,
+                                  ctx.uid, ctx.gid, target=target)
+        return self._remember(inode)
+
+    @_guard
+    async def unlink(self, parent_inode, name, ctx):
+        self.counters.unlinks += 1
+        child = self.store.unlink(self._ino(parent_inode), name)
+        if child.nlink == 0:
+            self._maybe_free(child.ino)
+
+    @_guard
+    async def rmdir(self, parent_inode, name, ctx):
+        child = self.store.unlink(self._ino(parent_inode), name, rmdir=True)
+        self._maybe_free(child.ino)
+
+    @_guard
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        if flags & ~(pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        replaced = self.store.rename(
+            self._ino(parent_inode_old), name_old, self._ino(parent_inode_new), name_new,
+            noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE),
+            exchange=bool(flags & pyfuse3.RENAME_EXCHANGE))
+        if replaced is not None and replaced.nlink == 0:
+            self._maybe_free(replaced.ino)
+
+    @_guard
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        ino = self._ino(inode)
+        stored = self.store.link(ino, self._ino(new_parent_inode), new_name)
+        of = self.files.get(ino)
+        if of is not None:
+            of.inode.nlink = stored.nlink
+            of.inode.ctime_ns = stored.ctime_ns
+            stored = of.inode
+        return self._remember(stored)
+
+    # ---------------------------------------------------------------- files
+
+    @_guard
+    async def open(self, inode, flags, ctx):
+        ino = self._ino(inode)
+        of = self.files.acquire(ino)
+        if not of.inode.is_reg:
+            self.files.release(of)
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        if flags & os.O_TRUNC and of.inode.size:
+            self.files.truncate(of, 0)
+        # All content changes pass through this mount's page cache, so what
+        # the kernel cached is never stale: keep it across opens.
+        return pyfuse3.FileInfo(fh=ino, keep_cache=True)
+
+    @_guard
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        self.counters.creates += 1
+        if self.reserve_file is not None:
+            self.reserve_file()
+        inode = self.store.create(self._ino(parent_inode), name,
+                                  stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid)
+        self.files.acquire(inode.ino)
+        return pyfuse3.FileInfo(fh=inode.ino, keep_cache=True), self._remember(inode)
+
+    @_guard
+    async def read(self, fh, off, size):
+        of = self.files.get(fh)
+        if of is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        data = self.files.read(of, off, size)
+        self.counters.reads += 1
+        self.counters.bytes_read += len(data)
+        return data
+
+    @_guard
+    async def write(self, fh, off, buf):
+        of = self.files.get(fh)
+        if of is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        end = off + len(buf)
+        if end > MAX_FILE_SIZE:
+            raise pyfuse3.FUSEError(errno.EFBIG)
+        if self.quota is not None and end > of.inode.size:
+            self.quota(end - of.inode.size, of.inode.ino)
+        n = self.files.write(of, off, buf)
+        self.counters.writes += 1
+        self.counters.bytes_written += n
+        return n
+
+    @_guard
+    async def flush(self, fh):
+        of = self.files.get(fh)
+        if of is not None:
+            self.files.flush(of)
+
+    @_guard
+    async def fsync(self, fh, datasync):
+        of = self.files.get(fh)
+        if of is not None:
+            await self._make_durable(of)
+
+    async def _make_durable(self, of) -> None:
+        self.files.flush(of)
+        digests = list(of.unsynced)
+        of.unsynced.clear()
+        # fsync is slow and touches only immutable files: a worker thread.
+        await trio.to_thread.run_sync(self._sync_now, digests)
+
+    def _sync_now(self, digests: list[bytes]) -> None:
+        self.store.chunks.fsync(digests)
+        self.store.sync()
+
+    @_guard
+    async def release(self, fh):
+        of = self.files.get(fh)
+        if of is None:
+            return
+        if self.durability == "sync" and of.handles == 1 and of.is_dirty:
+            await self._make_durable(of)
+        ino = of.inode.ino
+        self.files.release(of)
+        if of.handles <= 0 and of.inode.nlink == 0:
+            self._maybe_free(ino)
+
+    # ---------------------------------------------------------- directories
+
+    @_guard
+    async def opendir(self, inode, ctx):
+        ino = self._ino(inode)
+        if not self.store.get_inode(ino).is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return ino
+
+    @_guard
+    async def readdir(self, fh, start_id, token):
+        after = start_id
+        while True:
+            batch = self.store.readdir(fh, after)
+            if not batch:
+                return
+            for cookie, name, inode in batch:
+                of = self.files.get(inode.ino)
+                if not pyfuse3.readdir_reply(token, name, self._entry(of.inode if of else inode),
+                                             cookie):
+                    return
+                after = cookie
+
+    async def releasedir(self, fh):
+        pass
+
+    @_guard
+    async def fsyncdir(self, fh, datasync):
+        await trio.to_thread.run_sync(self.store.sync)
+
+    @_guard
+    async def statfs(self, ctx):
+        st = os.statvfs(self.store.dir)
+        counters = self.store.counters()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = st.f_bsize
+        s.f_frsize = st.f_frsize
+        s.f_blocks = st.f_blocks
+        s.f_bfree = st.f_bfree
+        s.f_bavail = st.f_bavail
+        s.f_files = counters["files"] + st.f_ffree
+        s.f_ffree = st.f_ffree
+        s.f_favail = st.f_ffree
+        s.f_namemax = 255
+        return s
+
+    # --------------------------------------------------------------- xattrs
+
+    @_guard
+    async def getxattr(self, inode, name, ctx):
+        ino = self._ino(inode)
+        if name.startswith(XATTR_PREFIX):
+            rec = self._attrs(ino)
+            if rec.is_reg:
+                if name == b"user.vfsd.step":
+                    return str(rec.step).encode()
+                if name == b"user.vfsd.status":
+                    return STATUS_NAMES[rec.status].encode()
+                if name == b"user.vfsd.pin":
+                    return b"1" if rec.pinned else b"0"
+                if name == b"user.vfsd.hash":
+                    return self.files.content_hash(ino).hex().encode()
+                if name == b"user.vfsd.tier":
+                    of = self.files.get(ino)
+                    inline = rec.size <= self.files.inline_max if of else rec.inline
+                    return b"inline" if inline else b"chunked"
+        value = self.store.get_xattr(ino, name)
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
+
+    @_guard
+    async def setxattr(self, inode, name, value, ctx):
+        ino = self._ino(inode)
+        if name.startswith(XATTR_PREFIX):
+            self._set_vfsd_xattr(ino, name, value)
+            return
+        if len(name) > 255:
+            raise pyfuse3.FUSEError(errno.ERANGE)
+        if len(value) > 64 * 1024:
+            raise pyfuse3.FUSEError(errno.E2BIG)
+        self.store.set_xattr(ino, name, value)
+
+    def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+        if name in XATTR_RO:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if name not in XATTR_RW:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        of = self.files.get(ino)
+        rec = of.inode if of else self.store.get_inode(ino)
+        if not rec.is_reg:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        text = value.decode(errors="replace").strip()
+        stored = self.store.get_inode(ino)
+        new = stored.copy()
+        if name == b"user.vfsd.status":
+            if text not in STATUS_BY_NAME:
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            new.status = STATUS_BY_NAME[text]
+        elif name == b"user.vfsd.pin":
+            if text not in ("0", "1", "true", "false"):
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            new.pinned = text in ("1", "true")
+        else:
+            try:
+                new.step = int(text)
+            except ValueError:
+                raise pyfuse3.FUSEError(errno.EINVAL) from None
+            if new.step < 0:
+                raise pyfuse3.FUSEError(errno.EINVAL)
+        self.store.update_inode(new, stored)
+        if of is not None:
+            of.inode.status, of.inode.pinned, of.inode.step = new.status, new.pinned, new.step
+
+    @_guard
+    async def listxattr(self, inode, ctx):
+        ino = self._ino(inode)
+        names = self.store.list_xattrs(ino)
+        if self._attrs(ino).is_reg:
+            names = list(XATTR_RW + XATTR_RO) + names
+        return names
+
+    @_guard
+    async def removexattr(self, inode, name, ctx):
+        if name.startswith(XATTR_PREFIX):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        if not self.store.remove_xattr(self._ino(inode), name):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    # ------------------------------------------------------------ shutdown
+
+    def flush_all(self) -> None:
+        """Commit every buffered write (at unmount)."""
+        for of in list(self.files.files.values()):
+            try:
+                self.files.flush(of)
+            except Exception:
+                log.exception("flush_failed", ino=of.inode.ino)
+
+    def forget_all(self) -> None:
+        """Free inodes the kernel never forgot before unmount (like destroy())."""
+        self.flush_all()
+        self.files.files.clear()
+        self.lookups.clear()
+        for ino in self.store.orphans():
+            self.store.free_inode(ino)
+

@@ -1,0 +1,135 @@
+"""The layout of a run directory and where its store lives.
+
+    RUN_DIR/fs/        the mountpoint
+    RUN_DIR/.vfsd/     vfsd.sock, vfsd.log, vfsd.pid, store.json, and (by
+                       default) the store itself: lmdb/ and chunks/
+
+With `--store DIR` the store lives elsewhere and may be shared by several run
+dirs; `store.json` remembers which store and volume this run dir uses.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import MOUNT_DIRNAME, STATE_DIRNAME
+from .errors import StoreLocked
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    def __post_init__(self) -> None:
+        self.path = Path(os.path.abspath(self.path))
+
+    @property
+    def mountpoint(self) -> Path:
+        return self.path / MOUNT_DIRNAME
+
+    @property
+    def state(self) -> Path:
+        return self.path / STATE_DIRNAME
+
+    @property
+    def sock(self) -> Path:
+        return self.state / "vfsd.sock"
+
+    @property
+    def log(self) -> Path:
+        return self.state / "vfsd.log"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.state / "vfsd.pid"
+
+    @property
+    def store_file(self) -> Path:
+        return self.state / "store.json"
+
+    def store_location(self, store: Path | None = None) -> tuple[Path, str]:
+        """(store dir, volume name), from `store` or what was recorded earlier."""
+        recorded = None
+        if self.store_file.exists():
+            recorded = json.loads(self.store_file.read_text())
+        if store is None:
+            if recorded:
+                return Path(recorded["store"]), recorded["volume"]
+            return self.state, "default"
+        store = Path(os.path.abspath(store))
+        if recorded and Path(recorded["store"]) != store:
+            raise ValueError(
+                f"{self.path} already uses store {recorded['store']}, not {store}")
+        if store == self.state:
+            return store, "default"
+        return store, str(self.path)
+
+    def record_store(self, store: Path, volume: str) -> None:
+        if store == self.state and volume == "default":
+            return
+        tmp = self.store_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"store": str(store), "volume": volume}))
+        os.replace(tmp, self.store_file)
+
+    def read_pid(self) -> int | None:
+        try:
+            return int(self.pidfile.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_volume(store: Path, volume: str) -> int:
+    """Take the volume's lock (held for the daemon's life); StoreLocked if taken."""
+    locks = store / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(volume.encode()).hexdigest()[:24]
+    fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise StoreLocked(
+            f"volume {volume!r} of store {store} is in use by another vfsd"
+            + (f" (pid {holder})" if holder else "")) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def mount_state(mountpoint: Path) -> str:
+    """'none', 'live' or 'stale' (a FUSE mount whose daemon is gone)."""
+    target = os.path.realpath(mountpoint)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounted = any(line.split()[4] == target for line in f)
+    except OSError:
+        mounted = False
+    if not mounted:
+        return "none"
+    try:
+        os.stat(mountpoint)
+    except OSError as exc:
+        import errno
+
+        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO):
+            return "stale"
+        raise
+    return "live"

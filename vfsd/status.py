@@ -1,0 +1,49 @@
+"""The status document shown by `vfsd status` and the `stats` control request."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from . import __version__
+
+
+def store_status(store) -> dict:
+    """What the store alone can tell (works with the daemon stopped)."""
+    c = store.counters()
+    logical = c["logical_bytes"]
+    inline = c["inline_bytes"]
+    stored = inline + c["chunk_bytes"]
+    return {
+        "version": __version__,
+        "store": str(store.dir),
+        "volume": store.volume,
+        "step": c["step"],
+        "files": c["files"],
+        "logical_bytes": logical,
+        "inline_bytes": inline,
+        "chunked_bytes": logical - inline,
+        "chunk_count": c["chunk_count"],
+        "chunk_bytes": c["chunk_bytes"],
+        "stored_bytes": stored,
+        "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
+    }
+
+
+def live_status(daemon) -> dict:
+    """Store status plus the running daemon's counters."""
+    doc = store_status(daemon.store)
+    ops = daemon.ops
+    ev = daemon.evictor
+    doc.update({
+        "running": True,
+        "pid": os.getpid(),
+        "mountpoint": str(daemon.run.mountpoint),
+        "uptime_s": round(time.monotonic() - daemon.started, 1),
+        "open_files": len(ops.files.files),
+        "dirty_bytes": ops.files.dirty_bytes,
+        "counters": {**ops.counters.as_dict(), "evicted": ev.evicted_total,
+                     "enospc": ev.enospc_total},
+        "config": daemon.config.as_dict(),
+    })
+    return doc
