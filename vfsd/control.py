@@ -137,6 +137,11 @@ class ControlServer:
             if not line.strip():
                 continue
             req_id, result, error = self.handle_line(line)
+            # Names that eviction removed must be gone from the kernel's cache
+            # before the client hears back: `ls` right after must not see them.
+            pending = self.evictor.take_invalidations()
+            if pending:
+                await trio.to_thread.run_sync(self.evictor.invalidate_now, pending)
             await self._send(stream, req_id, result=result, error=error)
 
     def handle_line(self, line: bytes):

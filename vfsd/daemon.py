@@ -107,6 +107,7 @@ class Daemon:
             await nursery.start(control.serve)
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             nursery.start_soon(self._fuse_main, nursery.cancel_scope)
+            nursery.start_soon(self.ops.run_invalidator)
             await trio.sleep(0)
             ready()
             log.info("mounted", mountpoint=str(self.run.mountpoint), store=str(self.store_dir),

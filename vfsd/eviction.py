@@ -32,6 +32,8 @@ class Evictor:
         self.config = config
         self.evicted_total = 0
         self.enospc_total = 0
+        # (parent, name, ino) in FUSE numbering, for names removed by eviction.
+        self.pending_invalidations: list[tuple[int, bytes, int]] = []
 
     # ------------------------------------------------------------ planning
 
@@ -123,15 +125,36 @@ class Evictor:
         return report
 
     def _tell_kernel(self, removed: list[tuple[int, list[tuple[int, bytes]]]]) -> None:
+        """Queue kernel invalidations for removed names; free what nobody uses."""
         fuse_ino = self.ops._fuse_ino
         for ino, names in removed:
+            of = self.files.get(ino)
+            if of is not None:
+                of.inode.nlink = 0
             for parent, name in names:
-                try:
-                    pyfuse3.invalidate_entry_async(fuse_ino(parent), name,
-                                                   deleted=fuse_ino(ino), ignore_enoent=True)
-                except Exception as exc:  # not mounted (tests, dry setups)
-                    log.debug("invalidate_failed", ino=ino, error=str(exc))
+                self.pending_invalidations.append((fuse_ino(parent), name, fuse_ino(ino)))
             self.ops._maybe_free(ino)
+
+    def take_invalidations(self) -> list[tuple[int, bytes, int]]:
+        pending, self.pending_invalidations = self.pending_invalidations, []
+        return pending
+
+    def invalidate_queued(self) -> None:
+        """Hand invalidations to pyfuse3's own thread (safe inside a FUSE handler)."""
+        for parent, name, ino in self.take_invalidations():
+            try:
+                pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
+            except Exception as exc:  # not mounted (unit tests)
+                log.debug("invalidate_failed", ino=ino, error=str(exc))
+
+    @staticmethod
+    def invalidate_now(pending: list[tuple[int, bytes, int]]) -> None:
+        """Tell the kernel and wait for it; run in a worker thread, never in a handler."""
+        for parent, name, ino in pending:
+            try:
+                pyfuse3.invalidate_entry(parent, name, deleted=ino)
+            except OSError:
+                pass  # not in the kernel's cache: nothing to drop
 
     def set_step(self, step: int) -> dict:
         current = self.store.get_step()
@@ -150,6 +173,7 @@ class Evictor:
         if self.usage() + grow <= quota:
             return
         self.run(extra_bytes=grow, exclude=ino)
+        self.invalidate_queued()
         if self.usage() + grow > quota:
             self.enospc_total += 1
             log.warning("quota_exceeded", quota_bytes=quota, usage=self.usage(), needed=grow,
@@ -164,6 +188,7 @@ class Evictor:
         if self.store.counters()["files"] < limit:
             return
         self.run(extra_files=1)
+        self.invalidate_queued()
         if self.store.counters()["files"] >= limit:
             self.enospc_total += 1
             log.warning("max_files_exceeded", max_files=limit)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import os
 import stat
 from collections.abc import Callable
@@ -55,7 +56,7 @@ def _guard(fn: Callable) -> Callable:
 class Counters:
     """Live operation counters shown by `vfsd status`."""
 
-    __slots__ = ("ops", "bytes_read", "bytes_written", "reads", "writes", "lookups",
+    __slots__ = ("bytes_read", "bytes_written", "reads", "writes", "lookups",
                  "creates", "unlinks")
 
     def __init__(self) -> None:
@@ -86,6 +87,9 @@ class VfsdOperations(pyfuse3.Operations):
         # created; they evict to make room or raise NoSpace. Set by the daemon.
         self.quota = quota
         self.reserve_file = None
+        # Attribute invalidations go through a worker thread (see run_invalidator):
+        # the kernel call may block, and a handler must never block the loop.
+        self._inval_send, self._inval_recv = trio.open_memory_channel(math.inf)
 
     # ------------------------------------------------------------- helpers
 
@@ -115,8 +119,9 @@ class VfsdOperations(pyfuse3.Operations):
         if inode.inline:
             e.st_blocks = -(-inode.size // 512)
         else:
-            stored = min(inode.nblocks * self.files.cs, inode.size)
-            e.st_blocks = -(-stored // 512)
+            of = self.files.files.get(inode.ino)
+            nblocks = len(of.blocks.keys() | of.dirty.keys()) if of else inode.nblocks
+            e.st_blocks = -(-min(nblocks * self.files.cs, inode.size) // 512)
         e.st_atime_ns = inode.atime_ns
         e.st_mtime_ns = inode.mtime_ns
         e.st_ctime_ns = inode.ctime_ns
@@ -254,6 +259,7 @@ class VfsdOperations(pyfuse3.Operations):
     async def unlink(self, parent_inode, name, ctx):
         self.counters.unlinks += 1
         child = self.store.unlink(self._ino(parent_inode), name)
+        self.files.names_changed(child)
         if child.nlink == 0:
             self._maybe_free(child.ino)
 
@@ -270,19 +276,17 @@ class VfsdOperations(pyfuse3.Operations):
             self._ino(parent_inode_old), name_old, self._ino(parent_inode_new), name_new,
             noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE),
             exchange=bool(flags & pyfuse3.RENAME_EXCHANGE))
-        if replaced is not None and replaced.nlink == 0:
-            self._maybe_free(replaced.ino)
+        if replaced is not None:
+            self.files.names_changed(replaced)
+            if replaced.nlink == 0:
+                self._maybe_free(replaced.ino)
 
     @_guard
     async def link(self, inode, new_parent_inode, new_name, ctx):
         ino = self._ino(inode)
         stored = self.store.link(ino, self._ino(new_parent_inode), new_name)
-        of = self.files.get(ino)
-        if of is not None:
-            of.inode.nlink = stored.nlink
-            of.inode.ctime_ns = stored.ctime_ns
-            stored = of.inode
-        return self._remember(stored)
+        self.files.names_changed(stored)
+        return self._remember(self.files.attrs(ino))
 
     # ---------------------------------------------------------------- files
 
@@ -365,9 +369,15 @@ class VfsdOperations(pyfuse3.Operations):
         if self.durability == "sync" and of.handles == 1 and of.is_dirty:
             await self._make_durable(of)
         ino = of.inode.ino
+        changed = of.version != of.opened_version
         self.files.release(of)
-        if of.handles <= 0 and of.inode.nlink == 0:
-            self._maybe_free(ino)
+        if of.handles <= 0:
+            if of.inode.nlink == 0:
+                self._maybe_free(ino)
+            elif changed:
+                # The kernel keeps size and times itself (writeback cache) but
+                # not st_blocks, which it took from the reply to create/open.
+                self._inval_send.send_nowait(ino)
 
     # ---------------------------------------------------------- directories
 
@@ -497,6 +507,24 @@ class VfsdOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)
         if not self.store.remove_xattr(self._ino(inode), name):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    async def run_invalidator(self) -> None:
+        """Forward attribute invalidations to the kernel from a worker thread."""
+        async for ino in self._inval_recv:
+            batch = {ino}
+            while True:
+                try:
+                    batch.add(self._inval_recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            await trio.to_thread.run_sync(self._invalidate_attrs, batch)
+
+    def _invalidate_attrs(self, inos: set[int]) -> None:
+        for ino in inos:
+            try:
+                pyfuse3.invalidate_inode(self._fuse_ino(ino), attr_only=True)
+            except OSError:
+                pass  # the kernel forgot it already: nothing cached to drop
 
     # ------------------------------------------------------------ shutdown
 

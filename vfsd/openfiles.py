@@ -19,7 +19,7 @@ from .store import Store, now_ns
 class OpenFile:
     """One regular file with open handles (or a transient truncate)."""
 
-    __slots__ = ("inode", "committed_size", "handles", "dirty", "attr_dirty", "blocks", "inline_data",
+    __slots__ = ("inode", "committed_size", "opened_version", "handles", "dirty", "attr_dirty", "blocks", "inline_data",
                  "drop_from", "version", "unsynced")
 
     def __init__(self, inode: Inode, blocks: dict[int, bytes]) -> None:
@@ -32,6 +32,7 @@ class OpenFile:
         self.inline_data: bytes | None = None   # cached committed inline content
         self.drop_from: int | None = None       # pending truncate of committed blocks
         self.version = 0                # bumped on every content change
+        self.opened_version = 0         # version when the first handle opened
         self.unsynced: set[bytes] = set()       # chunks committed since last fsync
 
     @property
@@ -76,6 +77,13 @@ class OpenFiles:
         if of.handles <= 0:
             self.flush(of)
             del self.files[of.inode.ino]
+
+    def names_changed(self, stored: Inode) -> None:
+        """Take link count and ctime from the store after a namespace change."""
+        of = self.files.get(stored.ino)
+        if of is not None:
+            of.inode.nlink = stored.nlink
+            of.inode.ctime_ns = stored.ctime_ns
 
     def attrs(self, ino: int) -> Inode:
         """Current attributes: the in-memory ones while the file is open."""
@@ -241,6 +249,7 @@ class OpenFiles:
         of.committed_size = committed.size
         of.inode.step = committed.step
         of.inode.inline = committed.inline
+        of.inode.nblocks = committed.nblocks
         of.inode.hash = b""
 
     def flush(self, of: OpenFile) -> None:

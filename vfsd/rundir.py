@@ -84,15 +84,15 @@ class RunDir:
 
 
 def pid_alive(pid: int | None) -> bool:
+    """True if `pid` runs (a zombie waiting for its parent to reap it counts as gone)."""
     if not pid:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-    except PermissionError:
-        return True
-    return True
+    return state not in ("Z", "X")
 
 
 def lock_volume(store: Path, volume: str) -> int:

@@ -608,6 +608,7 @@ class Store:
         with self.env.begin(write=True) as txn:
             old = self._get_inode(txn, inode.ino)
             new = inode.copy()
+            new.nblocks = old.nblocks
             if stamp_step:
                 new.step = self._step(txn)
             new.hash = b""
