@@ -291,6 +291,56 @@ def ref(run_dir: Path, path: str) -> None:
     click.echo(json.dumps(_call(run_dir, "ref", path=path)))
 
 
+@cli.command()
+@click.argument("target", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--repair", is_flag=True, help="Fix what can be fixed.")
+@click.option("--verify", is_flag=True, help="Also read and hash every chunk.")
+@click.option("--json", "as_json", is_flag=True)
+def fsck(target: Path, repair: bool, verify: bool, as_json: bool) -> None:
+    """Check a store (RUN_DIR or a --store directory) with no daemon on it."""
+    from .errors import StoreLocked, StoreVersionError
+    from .fsck import fsck as run_fsck
+    from .fsck import lock_all
+    from .store import Store
+
+    if (target / "lmdb").is_dir():
+        store_dir, volume = target, None
+    else:
+        store_dir, volume = RunDir(target).store_location()
+    try:
+        st = Store(store_dir, volume, create=False)
+    except StoreVersionError as exc:
+        _fail(str(exc))
+    try:
+        locks = lock_all(st)
+    except StoreLocked as exc:
+        st.close()
+        _fail(f"{exc}; unmount it first")
+    try:
+        report = run_fsck(st, repair=repair, verify=verify,
+                          progress=sys.stderr.isatty() and not as_json)
+        after = run_fsck(st, verify=verify) if repair and not report.clean else report
+    finally:
+        st.close()
+        for fd in locks:
+            os.close(fd)
+    doc = report.as_dict()
+    doc["clean_after_repair"] = after.clean
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        for p in report.problems:
+            click.echo(f"problem: {p}")
+        for r in report.repaired:
+            click.echo(f"repaired: {r}")
+        for f in report.damaged_files:
+            click.echo(f"damaged (content lost, reads fail with EIO): {f}")
+        state = "clean" if report.clean else ("repaired" if after.clean else "NOT clean")
+        click.echo(f"fsck: {state} ({report.stats.get('inodes', 0)} inodes, "
+                   f"{report.stats.get('chunk_files', 0)} chunk files)")
+    sys.exit(0 if after.clean else 1)
+
+
 def main() -> None:
     cli(prog_name="vfsd")
 

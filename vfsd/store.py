@@ -108,7 +108,7 @@ class Store:
     def __init__(
         self,
         store_dir: Path,
-        volume: str = "default",
+        volume: str | None = "default",
         *,
         readonly: bool = False,
         map_size: int = 1 << 38,
@@ -143,14 +143,21 @@ class Store:
                 f"store at {lmdb_dir} is damaged or not a vfsd store: {exc}"
             ) from exc
         self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
-        self.volume = volume
+        self.volume = volume or "default"
         self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
         self._vp = b"v" + _U32.pack(self.vol) + b":"
 
     # ------------------------------------------------------------------ setup
 
-    def _open_volume(self, name: str, create: bool) -> tuple[int, int]:
+    def _open_volume(self, name: str | None, create: bool) -> tuple[int, int]:
         db = self.db
+        if name is None:  # any volume (store-wide tools such as fsck)
+            with self.env.begin() as txn:
+                cur = txn.cursor(db=db["volume"])
+                if cur.first():
+                    self.volume = bytes(cur.key()).decode()
+                    return struct.unpack(">IQ", cur.value())
+            name = "default"
         key = name.encode()
         with self.env.begin() as txn:
             schema = txn.get(b"schema", db=db["meta"])
