@@ -8,6 +8,7 @@ signal watcher. Shutdown is cancellation: unmounting (by `vfsd umount`,
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ import pyfuse3
 import structlog
 import trio
 
-from . import __version__, notify
+from . import __version__, ctldir, notify
 from .config import Config
 from .errors import StoreLocked, StoreVersionError
 from .eviction import Evictor
@@ -88,8 +89,21 @@ class Daemon:
         self.ops = VfsdOperations(self.store, files, entry_timeout=self.config.entry_timeout,
                                   durability=self.config.durability)
         self.evictor = Evictor(self.store, self.ops, self.config)
+        self.ops.ctl.renderers = {
+            ctldir.FILES[b"status.json"]: self._render_status,
+            ctldir.FILES[b"evicted.ndjson"]: self._render_evicted,
+        }
         self.ops.quota = self.evictor.reserve
         self.ops.reserve_file = self.evictor.reserve_file
+
+    def _render_status(self) -> bytes:
+        from .status import live_status
+
+        return json.dumps(live_status(self), indent=2).encode() + b"\n"
+
+    def _render_evicted(self) -> bytes:
+        records = self.store.eviction_log(limit=10_000)
+        return b"".join(json.dumps(r).encode() + b"\n" for r in records)
 
     def mount_options(self) -> set[str]:
         opts = {"fsname=vfsd", "subtype=vfsd", "default_permissions"}

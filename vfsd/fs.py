@@ -20,7 +20,7 @@ import pyfuse3
 import structlog
 import trio
 
-from . import errors
+from . import ctldir, errors
 from .inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 from .openfiles import OpenFiles
 from .store import Store, now_ns
@@ -87,6 +87,9 @@ class VfsdOperations(pyfuse3.Operations):
         # created; they evict to make room or raise NoSpace. Set by the daemon.
         self.quota = quota
         self.reserve_file = None
+        # `.vfsd/` answers lookups by name but is left out of readdir of the
+        # root, so `ls`, `find` and `grep -r` over the mount never trip on it.
+        self.ctl = ctldir.ControlDir()
         # Attribute invalidations go through a worker thread (see run_invalidator):
         # the kernel call may block, and a handler must never block the loop.
         self._inval_send, self._inval_recv = trio.open_memory_channel(math.inf)
@@ -94,14 +97,48 @@ class VfsdOperations(pyfuse3.Operations):
     # ------------------------------------------------------------- helpers
 
     def _ino(self, fuse_ino: int) -> int:
-        """Store inode number for a FUSE one (the volume root is FUSE inode 1)."""
+        """Store inode number for a FUSE one (the volume root is FUSE inode 1).
+
+        The virtual `.vfsd/` inodes are refused here: every handler that does
+        not serve them explicitly treats them as read-only.
+        """
+        if fuse_ino >= ctldir.BASE:
+            raise pyfuse3.FUSEError(errno.EROFS)
         if fuse_ino == pyfuse3.ROOT_INODE:
             return self.root
         if fuse_ino == self.root:
             return pyfuse3.ROOT_INODE
         return fuse_ino
 
-    _fuse_ino = _ino  # the mapping is a swap, so it is its own inverse
+    def _fuse_ino(self, ino: int) -> int:
+        # The mapping is a swap, so it is its own inverse.
+        if ino == self.root:
+            return pyfuse3.ROOT_INODE
+        if ino == pyfuse3.ROOT_INODE:
+            return self.root
+        return ino
+
+    def _new_name(self, parent: int, name: bytes) -> None:
+        """Refuse to make a real entry that `.vfsd/` would hide."""
+        if parent == self.root and name == ctldir.NAME:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+
+    def _ctl_entry(self, ino: int) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = ino
+        e.entry_timeout = self.entry_timeout
+        e.attr_timeout = 0  # content (and so size) changes all the time
+        root = self.store.get_inode(self.root)
+        e.st_uid, e.st_gid = root.uid, root.gid
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now_ns()
+        e.st_blksize = 4096
+        if ino == ctldir.DIR_INO:
+            e.st_mode, e.st_nlink = ctldir.DIR_MODE, 2
+        else:
+            e.st_mode, e.st_nlink = ctldir.FILE_MODE, 1
+            e.st_size = len(self.ctl.render(ino))
+            e.st_blocks = -(-e.st_size // 512)
+        return e
 
     def _entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -151,6 +188,12 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode, name, ctx):
         self.counters.lookups += 1
+        if parent_inode == ctldir.DIR_INO:
+            if name in ctldir.FILES:
+                return self._ctl_entry(ctldir.FILES[name])
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if parent_inode == pyfuse3.ROOT_INODE and name == ctldir.NAME:
+            return self._ctl_entry(ctldir.DIR_INO)
         parent = self._ino(parent_inode)
         if name == b".":
             return self._remember(self._attrs(parent))
@@ -163,6 +206,8 @@ class VfsdOperations(pyfuse3.Operations):
     async def forget(self, inode_list):
         # Must not raise: it answers no request.
         for fuse_ino, n in inode_list:
+            if ctldir.is_ctl(fuse_ino):
+                continue
             try:
                 ino = self._ino(fuse_ino)
                 left = self.lookups.get(ino, 0) - n
@@ -176,6 +221,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def getattr(self, inode, ctx):
+        if ctldir.is_ctl(inode):
+            return self._ctl_entry(inode)
         return self._entry(self._attrs(self._ino(inode)))
 
     @_guard
@@ -235,6 +282,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        self._new_name(self._ino(parent_inode), name)
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
             raise pyfuse3.FUSEError(errno.EPERM)
         self.counters.creates += 1
@@ -245,12 +293,14 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def mkdir(self, parent_inode, name, mode, ctx):
+        self._new_name(self._ino(parent_inode), name)
         inode = self.store.create(self._ino(parent_inode), name,
                                   stat.S_IFDIR | (mode & 0o7777), ctx.uid, ctx.gid)
         return self._remember(inode)
 
     @_guard
     async def symlink(self, parent_inode, name, target, ctx):
+        self._new_name(self._ino(parent_inode), name)
         inode = self.store.create(self._ino(parent_inode), name, stat.S_IFLNK | 0o777,
                                   ctx.uid, ctx.gid, target=target)
         return self._remember(inode)
@@ -270,6 +320,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        self._new_name(self._ino(parent_inode_new), name_new)
         if flags & ~(pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE):
             raise pyfuse3.FUSEError(errno.EINVAL)
         replaced = self.store.rename(
@@ -283,6 +334,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def link(self, inode, new_parent_inode, new_name, ctx):
+        self._new_name(self._ino(new_parent_inode), new_name)
         ino = self._ino(inode)
         stored = self.store.link(ino, self._ino(new_parent_inode), new_name)
         self.files.names_changed(stored)
@@ -292,6 +344,12 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def open(self, inode, flags, ctx):
+        if ctldir.is_ctl(inode):
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+                raise pyfuse3.FUSEError(errno.EROFS)
+            if inode == ctldir.DIR_INO:
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            return pyfuse3.FileInfo(fh=self.ctl.open(inode), direct_io=True, keep_cache=False)
         ino = self._ino(inode)
         of = self.files.acquire(ino)
         if not of.inode.is_reg:
@@ -305,6 +363,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def create(self, parent_inode, name, mode, flags, ctx):
+        self._new_name(self._ino(parent_inode), name)
         self.counters.creates += 1
         if self.reserve_file is not None:
             self.reserve_file()
@@ -315,6 +374,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh, off, size):
+        if fh > ctldir.BASE:
+            return self.ctl.read(fh, off, size)
         of = self.files.get(fh)
         if of is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -363,6 +424,9 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def release(self, fh):
+        if fh > ctldir.BASE:
+            self.ctl.release(fh)
+            return
         of = self.files.get(fh)
         if of is None:
             return
@@ -383,6 +447,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def opendir(self, inode, ctx):
+        if inode == ctldir.DIR_INO:
+            return inode
         ino = self._ino(inode)
         if not self.store.get_inode(ino).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -390,6 +456,12 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def readdir(self, fh, start_id, token):
+        if fh == ctldir.DIR_INO:
+            for i, (name, ino) in enumerate(ctldir.FILES.items()):
+                if i >= start_id and not pyfuse3.readdir_reply(
+                        token, name, self._ctl_entry(ino), i + 1):
+                    return
+            return
         after = start_id
         while True:
             batch = self.store.readdir(fh, after)
@@ -429,6 +501,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def getxattr(self, inode, name, ctx):
+        if ctldir.is_ctl(inode):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         ino = self._ino(inode)
         if name.startswith(XATTR_PREFIX):
             rec = self._attrs(ino)
@@ -495,6 +569,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def listxattr(self, inode, ctx):
+        if ctldir.is_ctl(inode):
+            return []
         ino = self._ino(inode)
         names = self.store.list_xattrs(ino)
         if self._attrs(ino).is_reg:
