@@ -199,7 +199,16 @@ class VfsdOperations(pyfuse3.Operations):
             return self._remember(self._attrs(parent))
         if name == b"..":
             raise pyfuse3.FUSEError(errno.ENOENT)
-        inode = self.store.lookup(parent, name)
+        try:
+            inode = self.store.lookup(parent, name)
+        except errors.NotFound:
+            # Every name change passes through this mount's kernel, which drops
+            # a cached negative entry itself, so "not there" can be cached too:
+            # shells probing $PATH and tools probing config files pay once.
+            miss = pyfuse3.EntryAttributes()
+            miss.st_ino = 0
+            miss.entry_timeout = self.entry_timeout
+            return miss
         of = self.files.get(inode.ino)
         return self._remember(of.inode if of else inode)
 
@@ -401,9 +410,15 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def flush(self, fh):
+        if self.durability != "sync":
+            # Nothing has to happen at close(): buffers are committed at release
+            # and readers see them meanwhile. ENOSYS tells the kernel to stop
+            # sending FLUSH, which saves a round trip on every close().
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         of = self.files.get(fh)
-        if of is not None:
-            self.files.flush(of)
+        if of is not None and of.is_dirty:
+            # close() waits for this reply: the data is durable when it returns.
+            await self._make_durable(of)
 
     @_guard
     async def fsync(self, fh, datasync):
@@ -431,7 +446,7 @@ class VfsdOperations(pyfuse3.Operations):
         if of is None:
             return
         if self.durability == "sync" and of.handles == 1 and of.is_dirty:
-            await self._make_durable(of)
+            await self._make_durable(of)  # written through mmap after the last close()
         ino = of.inode.ino
         changed = of.version != of.opened_version
         self.files.release(of)
