@@ -38,6 +38,8 @@ class ChunkStore:
         self._fds: dict[bytes, int] = {}
         self._fd_order: list[bytes] = []
         self._max_fds = 64
+        self.fd_hits = 0
+        self.fd_misses = 0
 
     def path(self, digest: bytes) -> Path:
         hx = digest.hex()
@@ -86,7 +88,10 @@ class ChunkStore:
         someone else's bytes or zeros in its place).
         """
         fd = self._fds.get(digest)
-        if fd is None:
+        if fd is not None:
+            self.fd_hits += 1
+        else:
+            self.fd_misses += 1
             try:
                 fd = os.open(self.path(digest), os.O_RDONLY)
             except FileNotFoundError:

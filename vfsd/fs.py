@@ -14,8 +14,10 @@ import functools
 import math
 import os
 import stat
+import time
 from collections.abc import Callable
 
+import lmdb
 import pyfuse3
 import structlog
 import trio
@@ -46,6 +48,15 @@ def _guard(fn: Callable) -> Callable:
             if isinstance(exc, errors.CorruptChunk):
                 log.error("corrupt_chunk", op=fn.__name__, error=str(exc))
             raise pyfuse3.FUSEError(exc.errno) from None
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                log.warning("store_disk_full", op=fn.__name__, error=str(exc))
+                raise pyfuse3.FUSEError(errno.ENOSPC) from None
+            log.exception("handler_failed", op=fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except lmdb.MapFullError:
+            log.warning("store_map_full", op=fn.__name__)
+            raise pyfuse3.FUSEError(errno.ENOSPC) from None
         except Exception:
             log.exception("handler_failed", op=fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -72,6 +83,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     enable_writeback_cache = True
     supports_dot_lookup = False
+    #: room kept free on the store's disk for LMDB pages and chunk metadata
+    DISK_RESERVE = 4 << 20
 
     def __init__(self, store: Store, openfiles: OpenFiles, *, entry_timeout: float = 3600.0,
                  durability: str = "fsync", quota=None) -> None:
@@ -87,6 +100,8 @@ class VfsdOperations(pyfuse3.Operations):
         # created; they evict to make room or raise NoSpace. Set by the daemon.
         self.quota = quota
         self.reserve_file = None
+        self._disk_free = 0
+        self._disk_checked = 0.0
         # `.vfsd/` answers lookups by name but is left out of readdir of the
         # root, so `ls`, `find` and `grep -r` over the mount never trip on it.
         self.ctl = ctldir.ControlDir()
@@ -403,10 +418,28 @@ class VfsdOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EFBIG)
         if self.quota is not None and end > of.inode.size:
             self.quota(end - of.inode.size, of.inode.ino)
+        self._check_disk_space(len(buf))
         n = self.files.write(of, off, buf)
         self.counters.writes += 1
         self.counters.bytes_written += n
         return n
+
+    def _check_disk_space(self, incoming: int) -> None:
+        """ENOSPC now, while the writer can still see it, if buffers could not commit.
+
+        Small files commit at release, after close() has returned; refusing the
+        write while there is no room for it is the only way to report it.
+        """
+        now = time.monotonic()
+        if now - self._disk_checked > 0.1:
+            st = os.statvfs(self.store.dir)
+            self._disk_free = st.f_bavail * st.f_frsize
+            self._disk_checked = now
+        need = self.files.dirty_bytes + incoming + self.DISK_RESERVE
+        if need > self._disk_free:
+            self._disk_checked = 0.0  # look again next time: space may come back
+            log.warning("store_disk_full", free=self._disk_free, needed=need)
+            raise pyfuse3.FUSEError(errno.ENOSPC)
 
     @_guard
     async def flush(self, fh):
@@ -449,7 +482,13 @@ class VfsdOperations(pyfuse3.Operations):
             await self._make_durable(of)  # written through mmap after the last close()
         ino = of.inode.ino
         changed = of.version != of.opened_version
-        self.files.release(of)
+        try:
+            self.files.release(of)
+        except Exception as exc:
+            # close() has returned already: the log is the only place left to say it.
+            log.error("commit_failed_data_lost", ino=ino, path=self.store.path_of(ino),
+                      error=str(exc))
+            raise
         if of.handles <= 0:
             if of.inode.nlink == 0:
                 self._maybe_free(ino)

@@ -75,8 +75,14 @@ class OpenFiles:
         """Drop one handle; commits and forgets the file after the last one."""
         of.handles -= 1
         if of.handles <= 0:
-            self.flush(of)
-            del self.files[of.inode.ino]
+            try:
+                self.flush(of)
+            finally:
+                # Even if the commit failed (disk full), the file leaves the
+                # table: the error was logged and nothing can retry it later.
+                self.dirty_bytes -= sum(len(b) for b in of.dirty.values())
+                of.dirty.clear()
+                del self.files[of.inode.ino]
 
     def names_changed(self, stored: Inode) -> None:
         """Take link count and ctime from the store after a namespace change."""
