@@ -22,12 +22,14 @@ class ControlClient:
     def __init__(self, sock_path: Path, timeout: float = 60.0) -> None:
         self.path = Path(sock_path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
         try:
+            # Blocking connect: with a timeout set, a full accept queue fails at
+            # once with EAGAIN instead of waiting its turn.
             self.sock.connect(str(self.path))
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             self.sock.close()
             raise DaemonUnreachable(f"no vfsd answers on {self.path} ({exc.strerror})") from None
+        self.sock.settimeout(timeout)
         self.rfile = self.sock.makefile("rb")
 
     def call(self, op: str, **args) -> dict:

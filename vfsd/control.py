@@ -24,6 +24,7 @@ log = structlog.get_logger("vfsd.control")
 
 MAX_REQUEST = 1 << 20
 MAX_CONNECTIONS = 64
+MAX_INT = (1 << 63) - 1  # steps and inode numbers are stored as unsigned 64-bit
 
 
 class RequestError(Exception):
@@ -45,6 +46,8 @@ def _arg(req: dict, name: str, kind: type | tuple, default=...):
         raise RequestError("bad_request", f"{name!r} must be an integer")
     if not isinstance(value, kind):
         raise RequestError("bad_request", f"{name!r} has the wrong type ({type(value).__name__})")
+    if kind is int and not 0 <= value <= MAX_INT:
+        raise RequestError("bad_request", f"{name!r} must be between 0 and {MAX_INT}")
     return value
 
 
@@ -83,7 +86,7 @@ class ControlServer:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
-        sock.listen(16)
+        sock.listen(128)
         listener = trio.SocketListener(sock)
         task_status.started()
         await trio.serve_listeners(self._handle_conn, [listener])

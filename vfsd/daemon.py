@@ -61,7 +61,6 @@ class Daemon:
             raise StartupError("/dev/fuse is not readable and writable by this user")
         mp = self.run.mountpoint
         self.run.state.mkdir(parents=True, exist_ok=True)
-        mp.mkdir(parents=True, exist_ok=True)
         state = mount_state(mp)
         if state == "live":
             raise StartupError(f"{mp} is already mounted")
@@ -70,6 +69,9 @@ class Daemon:
             os.system(f"fusermount3 -u -z {str(mp)!r} >/dev/null 2>&1")
             if mount_state(mp) != "none":
                 raise StartupError(f"{mp} holds a stale mount that could not be removed")
+        mp.mkdir(parents=True, exist_ok=True)
+        if not mp.is_dir():
+            raise StartupError(f"mountpoint {mp} is not a directory")
         if any(mp.iterdir()):
             raise StartupError(f"mountpoint {mp} is not empty")
         try:

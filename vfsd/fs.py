@@ -416,9 +416,15 @@ class VfsdOperations(pyfuse3.Operations):
         end = off + len(buf)
         if end > MAX_FILE_SIZE:
             raise pyfuse3.FUSEError(errno.EFBIG)
-        if self.quota is not None and end > of.inode.size:
-            self.quota(end - of.inode.size, of.inode.ino)
-        self._check_disk_space(len(buf))
+        try:
+            if self.quota is not None and end > of.inode.size:
+                self.quota(end - of.inode.size, of.inode.ino)
+            self._check_disk_space(len(buf))
+        except (errors.NoSpace, pyfuse3.FUSEError):
+            # The kernel already took these bytes into its page cache and grew
+            # its idea of the size (writeback cache): make it forget both.
+            self._inval_send.send_nowait((fh, False))
+            raise
         n = self.files.write(of, off, buf)
         self.counters.writes += 1
         self.counters.bytes_written += n
@@ -443,15 +449,18 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def flush(self, fh):
-        if self.durability != "sync":
-            # Nothing has to happen at close(): buffers are committed at release
-            # and readers see them meanwhile. ENOSYS tells the kernel to stop
-            # sending FLUSH, which saves a round trip on every close().
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+        # close() waits for this reply. Committing here (to LMDB and the page
+        # cache) means a closed file survives a crash of the daemon; with
+        # durability = "sync" it also survives a crash of the machine.
+        if fh > ctldir.BASE:
+            return
         of = self.files.get(fh)
-        if of is not None and of.is_dirty:
-            # close() waits for this reply: the data is durable when it returns.
+        if of is None or not of.is_dirty:
+            return
+        if self.durability == "sync":
             await self._make_durable(of)
+        else:
+            self.files.flush(of)
 
     @_guard
     async def fsync(self, fh, datasync):
@@ -495,7 +504,7 @@ class VfsdOperations(pyfuse3.Operations):
             elif changed:
                 # The kernel keeps size and times itself (writeback cache) but
                 # not st_blocks, which it took from the reply to create/open.
-                self._inval_send.send_nowait(ino)
+                self._inval_send.send_nowait((ino, True))
 
     # ---------------------------------------------------------- directories
 
@@ -640,19 +649,19 @@ class VfsdOperations(pyfuse3.Operations):
 
     async def run_invalidator(self) -> None:
         """Forward attribute invalidations to the kernel from a worker thread."""
-        async for ino in self._inval_recv:
-            batch = {ino}
+        async for item in self._inval_recv:
+            batch = {item}
             while True:
                 try:
                     batch.add(self._inval_recv.receive_nowait())
                 except trio.WouldBlock:
                     break
-            await trio.to_thread.run_sync(self._invalidate_attrs, batch)
+            await trio.to_thread.run_sync(self._invalidate, batch)
 
-    def _invalidate_attrs(self, inos: set[int]) -> None:
-        for ino in inos:
+    def _invalidate(self, items: set[tuple[int, bool]]) -> None:
+        for ino, attr_only in items:
             try:
-                pyfuse3.invalidate_inode(self._fuse_ino(ino), attr_only=True)
+                pyfuse3.invalidate_inode(self._fuse_ino(ino), attr_only=attr_only)
             except OSError:
                 pass  # the kernel forgot it already: nothing cached to drop
 

@@ -10,6 +10,7 @@ dirs; `store.json` remembers which store and volume this run dir uses.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -125,10 +126,10 @@ def mount_state(mountpoint: Path) -> str:
     if not mounted:
         return "none"
     try:
-        os.stat(mountpoint)
+        # statfs is never answered from the kernel's caches (stat may be), so
+        # it reaches the daemon, or fails at once when the daemon is gone.
+        os.statvfs(mountpoint)
     except OSError as exc:
-        import errno
-
         if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO):
             return "stale"
         raise

@@ -795,7 +795,10 @@ class Store:
     # --------------------------------------------------------- logs
 
     def _log_removed(self, txn, inode: Inode, parent: int, name: bytes, reason: str) -> None:
-        rec = {"ino": inode.ino, "gen": inode.gen, "name": name.decode(errors="replace"),
+        parent_path = self._path_in(txn, parent) or ""
+        name_s = name.decode(errors="surrogateescape")
+        rec = {"ino": inode.ino, "gen": inode.gen,
+               "path": f"{parent_path}/{name_s}" if parent_path else name_s,
                "step": self._step(txn), "reason": reason}
         key = _VOL_STEP_INO.pack(self.vol, rec["step"], inode.ino)
         txn.put(key, json.dumps(rec).encode(), db=self.db["removed"])

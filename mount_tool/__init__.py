@@ -1,0 +1,41 @@
+"""mount_tool: what an agent program imports to keep its files in a vfsd mount.
+
+    with mount_tool.mount("runs/42") as m:
+        ref = m.write("notes/plan.md", "...")   # a ~150-byte FileRef for graph state
+        m.read(ref)                              # checked against the ref's hash
+
+LangGraph helpers live in `mount_tool.langgraph`, tool-output offloading in
+`mount_tool.offload`. mount_tool never imports vfsd: it runs the `vfsd` command
+line and talks to the daemon through the mount and its control socket.
+"""
+
+from .client import ControlClient
+from .errors import (
+    ControlError,
+    Evicted,
+    Missing,
+    MountError,
+    MountToolError,
+    RefError,
+    StaleRef,
+)
+from .mount import Mount, is_mounted, mount
+from .refs import FileRef, as_ref, content_hash, is_ref
+
+__all__ = [
+    "ControlClient",
+    "ControlError",
+    "Evicted",
+    "FileRef",
+    "Missing",
+    "Mount",
+    "MountError",
+    "MountToolError",
+    "RefError",
+    "StaleRef",
+    "as_ref",
+    "content_hash",
+    "is_mounted",
+    "is_ref",
+    "mount",
+]

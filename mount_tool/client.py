@@ -1,0 +1,124 @@
+"""Client for the daemon's control socket (newline-delimited JSON, docs/control.md)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from .errors import ControlError
+
+# The daemon refuses request lines above 1 MiB; refusing them here gives a clearer error.
+MAX_REQUEST_BYTES = 1 << 20
+# Replies (stats, eviction reports, change lists) may be larger than requests.
+MAX_REPLY_BYTES = 64 << 20
+
+
+class ControlClient:
+    """One persistent connection to `RUN_DIR/.vfsd/vfsd.sock`.
+
+    Thread-safe: requests are serialized under a lock (the protocol answers in
+    order on one connection). The connection is opened lazily and reopened once
+    after a broken pipe, so a client survives a daemon restart between calls.
+    """
+
+    def __init__(self, socket_path: str | Path, timeout: float = 30.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one request and return its `result`; raise ControlError on an error reply."""
+        request_id = next(self._ids)
+        line = json.dumps({"op": op, "id": request_id, **args}, separators=(",", ":"))
+        data = line.encode() + b"\n"
+        if len(data) > MAX_REQUEST_BYTES:
+            raise ControlError("too_large", f"request of {len(data)} bytes exceeds 1 MiB")
+        with self._lock:
+            reply = self._exchange(data)
+        if reply.get("id") != request_id:
+            self._close_locked()
+            raise ControlError("internal", f"reply id {reply.get('id')!r} != {request_id}")
+        if not reply.get("ok"):
+            error = reply.get("error") or {}
+            raise ControlError(str(error.get("code", "internal")), str(error.get("message", "")))
+        result = reply.get("result")
+        return result if isinstance(result, dict) else {"value": result}
+
+    def ping(self) -> bool:
+        """True when the daemon answers `ping`."""
+        try:
+            return bool(self.call("ping").get("pong"))
+        except ControlError:
+            return False
+
+    def close(self) -> None:
+        """Close the connection (a later call reopens it)."""
+        with self._lock:
+            self._close_locked()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals (caller holds the lock) ---------------------------------
+
+    def _exchange(self, data: bytes) -> dict[str, Any]:
+        for attempt in (1, 2):
+            fresh = self._sock is None
+            try:
+                sock = self._connect()
+                sock.sendall(data)
+                return json.loads(self._read_line(sock))
+            except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+                self._close_locked()
+                # Retry only on a reused connection that the daemon may have dropped.
+                if fresh or attempt == 2:
+                    raise ControlError("connection", f"{self.socket_path}: {exc}") from exc
+            except (OSError, ValueError) as exc:
+                self._close_locked()
+                raise ControlError("connection", f"{self.socket_path}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(str(self.socket_path))
+            except OSError:
+                sock.close()
+                raise
+            self._sock = sock
+            self._buffer = bytearray()
+        return self._sock
+
+    def _read_line(self, sock: socket.socket) -> bytes:
+        scanned = 0
+        while (end := self._buffer.find(b"\n", scanned)) < 0:
+            if len(self._buffer) > MAX_REPLY_BYTES:
+                raise ValueError("reply line too long")
+            scanned = len(self._buffer)
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                raise EOFError("daemon closed the connection")
+            self._buffer += chunk
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        return line
+
+    def _close_locked(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._buffer = bytearray()

@@ -1,0 +1,74 @@
+"""Exceptions raised by mount_tool.
+
+Everything mount_tool raises on purpose derives from `MountToolError`, so a caller
+can catch the whole family; the reference errors also derive from the closest
+builtin (`FileNotFoundError`) where code written for plain files expects one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MountToolError(Exception):
+    """Base class of the errors mount_tool raises."""
+
+
+class MountError(MountToolError):
+    """The daemon could not be started, attached to, or unmounted."""
+
+
+class ControlError(MountToolError):
+    """The daemon answered a control request with an error reply.
+
+    `code` is one of the protocol's codes (`not_found`, `evicted`, `forbidden`,
+    `bad_request`, ...; see docs/control.md) or `connection` when the socket
+    itself failed.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class RefError(MountToolError):
+    """A FileRef no longer leads to the content it was taken for."""
+
+    def __init__(self, message: str, ref: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.ref = ref
+
+
+class Evicted(RefError, FileNotFoundError):
+    """The referenced file was evicted; `record` is the daemon's eviction record."""
+
+    def __init__(self, ref: dict[str, Any], record: dict[str, Any]) -> None:
+        where = record.get("path", ref.get("path"))
+        super().__init__(
+            f"{where} was evicted at step {record.get('evicted_step')} ({record.get('reason')})",
+            ref,
+        )
+        self.record = record
+
+
+class StaleRef(RefError):
+    """The file still exists but its content changed since the ref was taken.
+
+    `current` is the file's current FileRef when known (None otherwise).
+    """
+
+    def __init__(self, ref: dict[str, Any], current: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            f"{ref.get('path')} changed since the reference was taken "
+            f"(ref hash {ref.get('hash')}, now {current.get('hash') if current else 'unknown'})",
+            ref,
+        )
+        self.current = current
+
+
+class Missing(RefError, FileNotFoundError):
+    """The referenced file was removed (unlinked, not evicted)."""
+
+    def __init__(self, ref: dict[str, Any]) -> None:
+        super().__init__(f"{ref.get('path')} (ino {ref.get('ino')}) no longer exists", ref)

@@ -1,0 +1,331 @@
+"""Mount: a vfsd mount of one run directory, as an agent program sees it.
+
+mount_tool never imports vfsd. It starts the daemon through its command line
+(`python -m vfsd.cli mount RUN_DIR ...`), then talks to it only through the
+mounted directory (POSIX calls) and the control socket.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .client import ControlClient
+from .errors import ControlError, Evicted, Missing, MountError, MountToolError, StaleRef
+from .paths import confine, mount_relative
+from .refs import FileRef, as_ref, content_hash
+
+VFSD_CLI = [sys.executable, "-m", "vfsd.cli"]
+STATUSES = ("active", "done")
+# `vfsd mount` returns once mounted; the socket may need a moment more to answer.
+PING_WAIT_SECONDS = 10.0
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+# What _read_same_inode returns when the inode is there but cannot match the ref.
+_CHANGED = object()
+
+
+def is_mounted(path: str | os.PathLike[str]) -> bool:
+    """True when `path` is a mount point in this process's mount namespace."""
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            # mountinfo escapes space, tab, newline and backslash as \ooo.
+            mount_point = _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), line.split()[4])
+            if mount_point == target:
+                return True
+    return False
+
+
+def mount_flags(options: Mapping[str, Any]) -> list[str]:
+    """Turn keyword options into `vfsd mount` flags.
+
+    done_retention_steps=3 -> ["--done-retention-steps", "3"]; True -> bare flag
+    (allow_other=True -> ["--allow-other"]); False and None are left out.
+    """
+    flags: list[str] = []
+    for key, value in options.items():
+        if key == "foreground":
+            raise ValueError("foreground would block: mount_tool always runs vfsd detached")
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            flags += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+    return flags
+
+
+def _run_vfsd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([*VFSD_CLI, *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise MountError(f"vfsd {' '.join(args)} did not finish in {timeout} s") from exc
+
+
+class Mount:
+    """A live vfsd mount of `run_dir`, its files reachable under `root` (RUN_DIR/fs).
+
+    Create with `mount_tool.mount(run_dir, **options)` (starts a daemon unless
+    one already serves the run dir) or `Mount.attach(run_dir)`. As a context
+    manager it unmounts on exit only if it started the daemon.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, started: bool = False) -> None:
+        self.run_dir = Path(os.path.realpath(run_dir))
+        self.root = self.run_dir / "fs"
+        self.state_dir = self.run_dir / ".vfsd"
+        self.client = ControlClient(self.state_dir / "vfsd.sock")
+        self.started = started
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------
+
+    @classmethod
+    def start(cls, run_dir: str | os.PathLike[str], **options: Any) -> Mount:
+        """Start vfsd on `run_dir` (or attach to the daemon already serving it)."""
+        run_dir = Path(os.path.realpath(run_dir))
+        if is_mounted(run_dir / "fs"):
+            return cls.attach(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        proc = _run_vfsd("mount", str(run_dir), *mount_flags(options))
+        if proc.returncode != 0:
+            raise MountError(
+                f"vfsd mount {run_dir} exited {proc.returncode}: "
+                f"{(proc.stderr or proc.stdout).strip()}"
+            )
+        m = cls(run_dir, started=True)
+        if not m._wait_for_ping():
+            m.unmount()
+            raise MountError(f"vfsd mounted {m.root} but its control socket does not answer")
+        return m
+
+    @classmethod
+    def attach(cls, run_dir: str | os.PathLike[str]) -> Mount:
+        """Use the vfsd already serving `run_dir`; never unmounts it on close."""
+        m = cls(run_dir, started=False)
+        if not is_mounted(m.root):
+            raise MountError(f"{m.root} is not mounted")
+        if not m.client.ping():
+            raise MountError(
+                f"{m.root} is mounted but no daemon answers on {m.client.socket_path}; "
+                f"a crashed daemon leaves a dead mount: `fusermount3 -u -z {m.root}`"
+            )
+        return m
+
+    def _wait_for_ping(self) -> bool:
+        deadline = time.monotonic() + PING_WAIT_SECONDS
+        while True:
+            if self.client.ping():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def unmount(self) -> None:
+        """Unmount the run dir (whoever started the daemon) and close the client."""
+        self.client.close()
+        proc = _run_vfsd("umount", str(self.run_dir))
+        if proc.returncode != 0 and is_mounted(self.root):
+            raise MountError(
+                f"vfsd umount {self.run_dir} exited {proc.returncode}: "
+                f"{(proc.stderr or proc.stdout).strip()}"
+            )
+        self._closed = True
+
+    def detach(self) -> None:
+        """Close the control connection and leave the daemon running."""
+        self.client.close()
+        self._closed = True
+
+    def close(self) -> None:
+        """Unmount if this Mount started the daemon, else just detach."""
+        if self._closed:
+            return
+        if self.started:
+            self.unmount()
+        else:
+            self.detach()
+
+    def __enter__(self) -> Mount:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Mount({str(self.run_dir)!r}, started={self.started})"
+
+    # -- paths ----------------------------------------------------------------
+
+    def resolve_path(self, path: str | os.PathLike[str]) -> Path:
+        """Absolute path of `path` inside the mount; ValueError if it leads outside.
+
+        Relative paths are taken from the mount root. Nothing is created or
+        written before the check.
+        """
+        return confine(self.root, path)
+
+    def relative(self, path: str | os.PathLike[str]) -> str:
+        """The mount-relative form of `path` ("out/a.txt"), after confinement."""
+        return mount_relative(self.root, self.resolve_path(path))
+
+    def path_of(self, ref: Mapping[str, Any]) -> Path:
+        """Absolute path where `ref` was taken (it may have moved or gone since)."""
+        return self.resolve_path(ref["path"])
+
+    # -- files ----------------------------------------------------------------
+
+    def write(self, path: str | os.PathLike[str], data: bytes | str) -> FileRef:
+        """Write `data` to `path` (creating parent dirs) and return its FileRef."""
+        target = self.resolve_path(path)
+        if isinstance(data, str):
+            data = data.encode()
+        if target == Path(os.path.realpath(self.root)):
+            raise IsADirectoryError(str(target))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        ref = self._ref_of(target)
+        if ref["hash"] != content_hash(data):
+            raise MountToolError(
+                f"{ref['path']} changed between the write and taking its reference "
+                "(another writer?)"
+            )
+        return ref
+
+    def ref(self, path: str | os.PathLike[str]) -> FileRef:
+        """The current FileRef of the file at `path` (e.g. one a shell tool wrote)."""
+        return self._ref_of(self.resolve_path(path))
+
+    def _ref_of(self, absolute: Path) -> FileRef:
+        return as_ref(self.client.call("ref", path=mount_relative(self.root, absolute)))
+
+    def read(self, ref: Mapping[str, Any]) -> bytes:
+        """The content `ref` points at, checked against its hash.
+
+        Raises Evicted (with `.record`) when the file was evicted, StaleRef when
+        its content changed since the ref was taken, Missing when it was removed.
+        The daemon is asked first: the kernel may still cache the name of a file
+        the daemon has just evicted, so reading by path alone could return
+        evicted content. What is read is then hashed (xxh3-128) and compared.
+        """
+        ref = as_ref(ref)
+        res = self.resolve(ref)
+        state, current = res.get("state"), res.get("ref")
+        if state == "evicted":
+            raise Evicted(ref, res.get("evicted") or {})
+        if state == "missing":
+            raise Missing(ref)
+        if state != "live" or not res.get("matches", True) or not current:
+            raise StaleRef(ref, as_ref(current) if current else None)
+        data = self._read_same_inode(current["path"], ref)
+        if isinstance(data, bytes) and content_hash(data) == ref["hash"]:
+            return data
+        # Changed, moved or removed between the daemon's answer and the read.
+        raise StaleRef(ref, self._current_ref(ref))
+
+    def resolve(self, ref: Mapping[str, Any]) -> dict[str, Any]:
+        """Where `ref` stands now, by asking the daemon (no content read):
+        {"state": "live"|"changed"|"evicted"|"missing", "ref", "matches", "evicted"}."""
+        return self.client.call("resolve", ref=dict(as_ref(ref)))
+
+    def read_text(self, ref: Mapping[str, Any], encoding: str = "utf-8") -> str:
+        """`read(ref)` decoded as text."""
+        return self.read(ref).decode(encoding)
+
+    def _read_same_inode(self, path: str, ref: FileRef) -> bytes | object | None:
+        """Content at `path` if it is still the ref's inode.
+
+        None when the inode is not there; _CHANGED when it is but its size
+        already shows the content changed (no need to read it).
+        """
+        try:
+            target = self.resolve_path(path)
+            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+        except (ValueError, OSError):
+            # Gone, replaced by a directory, or a stale kernel entry (ESTALE):
+            # the daemon's `resolve` tells which.
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_ino != ref["ino"]:
+                return None
+            if st.st_size != ref["size"]:
+                return _CHANGED
+            return f.read()
+
+    def _current_ref(self, ref: FileRef) -> FileRef | None:
+        try:
+            current = self.resolve(ref).get("ref")
+        except ControlError:
+            return None
+        return as_ref(current) if current else None
+
+    # -- steps, status, eviction ---------------------------------------------
+
+    def get_step(self) -> int:
+        """The daemon's current step."""
+        return int(self.client.call("get_step")["step"])
+
+    def set_step(self, step: int) -> dict[str, Any]:
+        """Advance the daemon's step (>= current) and return its eviction report."""
+        return self.client.call("set_step", step=int(step))
+
+    def evict(self, dry_run: bool = False) -> dict[str, Any]:
+        """Run eviction now (or report what it would remove) and return the report."""
+        return self.client.call("evict", dry_run=bool(dry_run))
+
+    def set_status(
+        self, target: str | os.PathLike[str] | Mapping[str, Any], status: str
+    ) -> FileRef:
+        """Mark a file (path or FileRef) `active` or `done`; returns its new FileRef."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+        return as_ref(self.client.call("set_status", status=status, **self._target(target)))
+
+    def pin(self, target: str | os.PathLike[str] | Mapping[str, Any]) -> FileRef:
+        """Keep a file (path or FileRef) from eviction; returns its FileRef."""
+        return as_ref(self.client.call("pin", **self._target(target)))
+
+    def unpin(self, target: str | os.PathLike[str] | Mapping[str, Any]) -> FileRef:
+        """Make a pinned file evictable again; returns its FileRef."""
+        return as_ref(self.client.call("unpin", **self._target(target)))
+
+    def _target(self, target: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+        if isinstance(target, Mapping):
+            return {"ino": int(target["ino"])}
+        return {"path": self.relative(target)}
+
+    def changes(self, since_step: int) -> dict[str, Any]:
+        """Files changed and removed since `since_step`: {"step", "changed", "removed"}."""
+        res = self.client.call("changes", since=int(since_step))
+        res["changed"] = [as_ref(r) for r in res.get("changed", [])]
+        res.setdefault("removed", [])
+        return res
+
+    def evicted(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The most recent eviction records, newest last."""
+        return list(self.client.call("evicted", limit=int(limit)).get("records", []))
+
+    def stats(self) -> dict[str, Any]:
+        """The daemon's status document (as `vfsd status --json`)."""
+        return self.client.call("stats")
+
+
+def mount(run_dir: str | os.PathLike[str], **options: Any) -> Mount:
+    """Mount `run_dir` with vfsd and return the Mount (a context manager).
+
+    Keyword options become `vfsd mount` flags (done_retention_steps=3 ->
+    `--done-retention-steps 3`). If the run dir is already served by a daemon
+    that answers, attach to it instead (options are then ignored).
+    """
+    return Mount.start(run_dir, **options)

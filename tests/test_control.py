@@ -1,0 +1,581 @@
+"""The control socket on a real mount (issue 3, docs/control.md).
+
+Requests and replies (ref, resolve, changes, status and pins by request), then
+hostile input: every attack is followed by a `ping` on a fresh connection and
+on a connection opened before the attack, proving that neither the daemon nor
+other clients suffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+import xxhash
+from ctl import Conn, call, connect, error, sock_path
+
+pytestmark = pytest.mark.fuse
+
+REF_KEYS = {"ino", "gen", "path", "size", "hash", "step", "status"}
+RECORD_KEYS = {"path", "ino", "gen", "hash", "size", "step", "evicted_step", "reason"}
+
+
+def h(data: bytes) -> str:
+    return xxhash.xxh3_128(data).hexdigest()
+
+
+def assert_pong(conn: Conn) -> None:
+    result = conn.call("ping")
+    assert result["pong"] is True and isinstance(result["pid"], int)
+
+
+@contextlib.contextmanager
+def survivors(run):
+    """Around an attack: a bystander connection opened before it, and after it
+    a ping on that bystander and on a fresh connection."""
+    with connect(run.run_dir) as bystander:
+        assert_pong(bystander)
+        yield
+        assert_pong(bystander)
+        with connect(run.run_dir) as fresh:
+            assert_pong(fresh)
+            assert fresh.call("get_step")["step"] >= 0
+
+
+# ------------------------------------------------------------- requests
+
+
+def test_basic_requests_and_id_echo(run) -> None:
+    with connect(run.run_dir) as c:
+        reply = c.request("ping", id="abc")
+        assert reply["ok"] is True and reply["id"] == "abc"
+        assert reply["result"]["pong"] is True
+        assert reply["result"]["pid"] == int((run.state_dir / "vfsd.pid").read_text())
+        assert isinstance(reply["result"]["version"], str)
+        reply = c.request("get_step", id={"nested": [1, 2]})
+        assert reply == {"ok": True, "id": {"nested": [1, 2]}, "result": {"step": 0}}
+        # Errors echo the id too.
+        reply = c.request("no_such_op", id=7)
+        assert reply["ok"] is False and reply["id"] == 7
+        # Several requests on one connection, replies in order.
+        c.send_raw(b'{"op":"get_step","id":1}\n{"op":"ping","id":2}\n\n{"op":"get_step","id":3}\n')
+        assert [c.recv_reply()["id"] for _ in range(3)] == [1, 2, 3]
+        stats = c.call("stats")
+        assert stats["step"] == 0 and stats["files"] == 0
+        assert stats["store"] == run.status()["store"]
+
+
+def test_ref_of_files(run) -> None:
+    root = run.root
+    (root / "out").mkdir()
+    data = b"tool output\n"
+    (root / "out/a.txt").write_bytes(data)
+    call(run.run_dir, "set_step", step=2)
+    big = os.urandom(1_500_000)
+    (root / "big").write_bytes(big)
+    ref = call(run.run_dir, "ref", path="out/a.txt")
+    assert set(ref) == REF_KEYS
+    assert ref["ino"] == os.stat(root / "out/a.txt").st_ino
+    assert (ref["path"], ref["size"], ref["hash"], ref["step"], ref["status"]) == (
+        "out/a.txt",
+        len(data),
+        h(data),
+        0,
+        "active",
+    )
+    assert isinstance(ref["gen"], int)
+    assert len(json.dumps(ref)) < 200
+    # A leading "/" is the mount root, "." components are harmless.
+    assert call(run.run_dir, "ref", path="/out/a.txt") == ref
+    assert call(run.run_dir, "ref", path="./out//a.txt") == ref
+    big_ref = call(run.run_dir, "ref", path="big")
+    assert (big_ref["size"], big_ref["hash"], big_ref["step"]) == (len(big), h(big), 2)
+
+    # The CLI: relative to the mount root, or absolute inside it.
+    out = json.loads(run.cli("ref", run.run_dir, "out/a.txt").stdout)
+    assert out == ref
+    assert json.loads(run.cli("ref", run.run_dir, str(root / "out/a.txt")).stdout) == ref
+    proc = run.cli("ref", run.run_dir, "/etc/passwd", check=False)
+    assert proc.returncode != 0
+    proc = run.cli("ref", run.run_dir, "out/missing", check=False)
+    assert proc.returncode != 0 and "not found" in proc.stderr
+
+
+def test_ref_errors(run) -> None:
+    root = run.root
+    (root / "dir").mkdir()
+    (root / "dir/f").write_bytes(b"f")
+    os.symlink("dir/f", root / "link")
+    with survivors(run), connect(run.run_dir) as c:
+        assert c.error("ref", path="nope")["code"] == "not_found"
+        assert c.error("ref", path="dir/nope/deeper")["code"] == "not_found"
+        assert c.error("ref", path="dir")["code"] == "not_a_file"
+        assert c.error("ref", path="/")["code"] == "not_a_file"
+        for bad in ("..", "../etc/passwd", "dir/../../x", "/../run", "dir/../.."):
+            assert c.error("ref", path=bad)["code"] == "forbidden", bad
+        assert c.error("ref")["code"] == "bad_request"
+        assert c.error("ref", path=5)["code"] == "bad_request"
+        assert c.error("ref", path=None)["code"] == "bad_request"
+        assert c.error("set_status", ino=10**12, status="done")["code"] == "not_found"
+        assert c.error("pin", ino="2")["code"] == "bad_request"
+        assert c.error("pin")["code"] == "bad_request"
+        assert c.error("set_status", path="dir/f", status="finished")["code"] == "bad_request"
+        assert c.error("set_status", path="dir/f")["code"] == "bad_request"
+        assert c.error("set_status", path="dir/f", status=1)["code"] == "bad_request"
+        # Nothing above changed the file.
+        ref = c.call("ref", path="dir/f")
+        assert (ref["status"], ref["hash"]) == ("active", h(b"f"))
+
+
+def test_status_and_pin_by_ino(run) -> None:
+    root = run.root
+    (root / "f").write_bytes(b"data")
+    ino = os.stat(root / "f").st_ino
+    with connect(run.run_dir) as c:
+        ref = c.call("set_status", ino=ino, status="done")
+        assert ref["status"] == "done" and ref["path"] == "f"
+        assert os.getxattr(root / "f", "user.vfsd.status") == b"done"
+        c.call("pin", ino=ino)
+        assert os.getxattr(root / "f", "user.vfsd.pin") == b"1"
+        assert c.call("set_step", step=50)["files"] == 0
+        c.call("set_status", ino=ino, status="active")
+        c.call("unpin", ino=ino)
+        assert os.getxattr(root / "f", "user.vfsd.pin") == b"0"
+        report = c.call("evict")
+        assert [(r["path"], r["reason"]) for r in report["evicted"]] == [("f", "max_age")]
+        # The inode is gone: requests by ino now say so.
+        assert c.error("pin", ino=ino)["code"] == "not_found"
+
+
+# ----------------------------------------------------------------- resolve
+
+
+def test_resolve_live_changed_evicted_missing(run) -> None:
+    root = run.root
+    (root / "live").write_bytes(b"live content")
+    (root / "changing").write_bytes(b"version 1")
+    (root / "doomed").write_bytes(b"doomed content")
+    (root / "removed").write_bytes(b"removed by rm")
+    with connect(run.run_dir) as c:
+        live = c.call("ref", path="live")
+        changing = c.call("ref", path="changing")
+        doomed = c.call("ref", path="doomed")
+        removed = c.call("ref", path="removed")
+
+        res = c.call("resolve", ref=live)
+        assert res == {"state": "live", "ref": live, "matches": True, "evicted": None}
+        # ino and gen are enough.
+        res = c.call("resolve", ref={"ino": live["ino"], "gen": live["gen"]})
+        assert res["state"] == "live" and res["ref"] == live
+
+        # Renamed: still live, at its new path.
+        os.rename(root / "live", root / "moved")
+        res = c.call("resolve", ref=live)
+        assert res["state"] == "live" and res["ref"]["path"] == "moved"
+
+        c.call("set_step", step=1)
+        (root / "changing").write_bytes(b"version 2, longer")
+        res = c.call("resolve", ref=changing)
+        assert res["state"] == "changed" and res["matches"] is False
+        assert res["ref"]["hash"] == h(b"version 2, longer")
+        assert res["ref"]["size"] == len(b"version 2, longer") and res["ref"]["step"] == 1
+        assert res["evicted"] is None
+
+        os.setxattr(root / "doomed", "user.vfsd.status", b"done")
+        report = c.call("set_step", step=4)
+        assert [r["path"] for r in report["evicted"]] == ["doomed"]
+        res = c.call("resolve", ref=doomed)
+        assert res["state"] == "evicted" and res["ref"] is None and res["matches"] is False
+        rec = res["evicted"]
+        assert RECORD_KEYS <= set(rec)
+        assert (rec["path"], rec["ino"], rec["gen"], rec["hash"], rec["size"]) == (
+            "doomed",
+            doomed["ino"],
+            doomed["gen"],
+            h(b"doomed content"),
+            14,
+        )
+        assert (rec["step"], rec["evicted_step"], rec["reason"]) == (0, 4, "done")
+        assert rec == c.call("evicted")["records"][-1]
+
+        os.unlink(root / "removed")
+        res = c.call("resolve", ref=removed)
+        assert res == {"state": "missing", "ref": None, "matches": False, "evicted": None}
+
+        # A wrong generation never resolves to the inode's content.
+        res = c.call("resolve", ref={**changing, "gen": changing["gen"] ^ 1})
+        assert res["state"] == "missing" and res["ref"] is None
+        res = c.call("resolve", ref={**doomed, "gen": doomed["gen"] ^ 1})
+        assert res["state"] == "missing" and res["evicted"] is None
+        res = c.call("resolve", ref={"ino": 10**9, "gen": 0})
+        assert res["state"] == "missing"
+
+        for bad in (
+            {},
+            {"ref": "x"},
+            {"ref": {"ino": 1}},
+            {"ref": {"ino": "1", "gen": 0}},
+            {"ref": {"ino": 1, "gen": True}},
+            {"ref": None},
+        ):
+            assert c.error("resolve", **bad)["code"] == "bad_request", bad
+
+
+# ----------------------------------------------------------------- changes
+
+
+def test_changes_since_a_step(run) -> None:
+    root = run.root
+    (root / "sub").mkdir()
+    for name in ("a", "b", "sub/c", "e", "old"):
+        (root / name).write_bytes(name.encode())
+    os.setxattr(root / "e", "user.vfsd.status", b"done")
+    inos = {n: os.stat(root / n).st_ino for n in ("a", "b", "sub/c", "e", "old")}
+    with connect(run.run_dir) as c:
+        c.call("set_step", step=2)
+        with open(root / "a", "ab") as f:
+            f.write(b" changed")
+        (root / "d").write_bytes(b"new at 2")
+        c.call("set_step", step=3)
+        assert os.system(f"rm {root / 'b'} {root / 'sub/c'}") == 0
+        report = c.call("set_step", step=4)
+        assert [r["path"] for r in report["evicted"]] == ["e"]
+
+        ch = c.call("changes", since=2)
+        assert ch["step"] == 4
+        changed = {r["path"]: r for r in ch["changed"]}
+        assert set(changed) == {"a", "d"}
+        for path, ref in changed.items():
+            assert ref == c.call("ref", path=path)
+        assert changed["a"]["hash"] == h(b"a changed") and changed["a"]["step"] == 2
+        removed = {r["ino"]: r for r in ch["removed"]}
+        assert set(removed) == {inos["b"], inos["sub/c"], inos["e"]}
+        for rec in removed.values():
+            assert {"ino", "gen", "step", "reason"} <= set(rec)
+        assert (removed[inos["b"]]["reason"], removed[inos["b"]]["step"]) == ("unlink", 3)
+        assert (removed[inos["sub/c"]]["reason"], removed[inos["sub/c"]]["step"]) == ("unlink", 3)
+        assert removed[inos["e"]]["reason"] == "done" and removed[inos["e"]]["step"] == 4
+        assert removed[inos["e"]]["path"] == "e"
+
+        everything = c.call("changes", since=0)
+        assert {r["path"] for r in everything["changed"]} == {"a", "d", "old"}
+        assert len(everything["removed"]) == 3
+        later = c.call("changes", since=5)
+        assert later == {"step": 4, "changed": [], "removed": []}
+        assert c.error("changes")["code"] == "bad_request"
+        assert c.error("changes", since="2")["code"] == "bad_request"
+
+
+def test_changes_removal_record_of_unlink_has_path(run) -> None:
+    (run.root / "sub").mkdir()
+    (run.root / "sub/c").write_bytes(b"c")
+    os.unlink(run.root / "sub/c")
+    (rec,) = call(run.run_dir, "changes", since=0)["removed"]
+    assert rec["path"] == "sub/c" and rec["reason"] == "unlink"
+
+
+# ------------------------------------------------------------ hostile input
+
+
+def test_garbage_and_invalid_utf8(run) -> None:
+    with survivors(run), connect(run.run_dir) as c:
+        for junk in (
+            b"\x00\xff\xfe garbage \x01\n",
+            b"not json at all\n",
+            b"{\n",
+            b'{"op": "\xff\xfe"}\n',
+            b"\xc3\x28\n",
+            b"}}}{{{\n",
+            b"nan\n",
+        ):
+            c.send_raw(junk)
+            reply = c.recv_reply()
+            assert reply["ok"] is False and reply["error"]["code"] == "bad_json", junk
+            assert reply["id"] is None
+        # The connection itself is still usable after bad lines.
+        assert_pong(c)
+
+
+def test_truncated_json_then_close(run) -> None:
+    with survivors(run):
+        c = connect(run.run_dir)
+        c.send_raw(b'{"op": "set_step", "step": 99')
+        c.sock.shutdown(socket.SHUT_WR)
+        line = c.recv_line()
+        if line:  # an error reply is welcome; silence is acceptable too
+            assert json.loads(line)["error"]["code"] == "bad_json"
+        assert c.is_closed_by_peer()
+        c.close()
+        # Truncated without a half-close: just drop the connection.
+        c = connect(run.run_dir)
+        c.send_raw(b'{"op": "pi')
+        c.close()
+    assert call(run.run_dir, "get_step") == {"step": 0}
+
+
+def test_json_that_is_not_an_object(run) -> None:
+    with survivors(run), connect(run.run_dir) as c:
+        for doc in (b'["ping"]', b'"ping"', b"42", b"null", b"true", b'[{"op": "ping"}]'):
+            c.send_raw(doc + b"\n")
+            err = c.recv_reply()["error"]
+            assert err["code"] == "bad_request", doc
+        assert_pong(c)
+
+
+def test_oversized_line_gets_too_large_and_a_closed_connection(run) -> None:
+    total = 100 * (1 << 20)
+    with survivors(run):
+        c = connect(run.run_dir, timeout=30)
+        sent = [0]
+
+        def flood() -> None:
+            piece = b"x" * (1 << 20)
+            try:
+                while sent[0] < total:  # bounded: at most 100 MiB, no newline
+                    c.sock.sendall(piece)
+                    sent[0] += len(piece)
+            except OSError:
+                pass  # the daemon closed the connection: expected
+
+        t = threading.Thread(target=flood, daemon=True)
+        t.start()
+        try:
+            line = c.recv_line()
+        except ConnectionResetError:
+            line = b""
+        t.join(timeout=60)
+        assert not t.is_alive()
+        assert line, "no error reply before the connection closed"
+        reply = json.loads(line)
+        assert reply["ok"] is False and reply["error"]["code"] == "too_large"
+        assert c.is_closed_by_peer()
+        assert sent[0] < total, "the daemon read all 100 MiB instead of stopping early"
+        c.close()
+
+        # Just over the limit with a newline: refused too; just under: parsed.
+        with connect(run.run_dir) as c2:
+            c2.send_raw(b'{"op": "ping", "pad": "' + b"y" * (1 << 20) + b'"}\n')
+            assert c2.recv_reply()["error"]["code"] == "too_large"
+        with connect(run.run_dir) as c3:
+            reply = c3.request("ping", pad="z" * ((1 << 20) - 100))
+            assert reply["ok"] is True
+
+
+def test_wrong_argument_types(run) -> None:
+    with survivors(run), connect(run.run_dir) as c:
+        for step in ("5", True, False, -1, 1.5, None, [3], {"n": 3}):
+            err = c.error("set_step", step=step)
+            assert err["code"] == "bad_request", step
+        assert c.error("set_step")["code"] == "bad_request"
+        for dry in ("yes", 1, None):
+            assert c.error("evict", dry_run=dry)["code"] == "bad_request", dry
+        assert c.error("evicted", limit="10")["code"] == "bad_request"
+        assert c.error("evicted", limit=-1)["code"] == "bad_request"
+        assert c.error("changes", since=True)["code"] == "bad_request"
+        assert c.call("get_step") == {"step": 0}
+
+
+def test_unknown_missing_and_wrongly_typed_op(run) -> None:
+    with survivors(run), connect(run.run_dir) as c:
+        err = c.error("drop_everything")
+        assert err["code"] == "unknown_op" and "drop_everything" in err["message"]
+        assert c.error("PING")["code"] == "unknown_op"
+        assert c.error("")["code"] == "unknown_op"
+        assert c.error(None, step=3)["code"] == "bad_request"  # no op at all
+        for op in (1, None, ["ping"], {"x": 1}, True):
+            c.send_raw(json.dumps({"op": op}).encode() + b"\n")
+            assert c.recv_reply()["error"]["code"] == "bad_request", op
+
+
+def test_set_step_backwards_is_refused(run) -> None:
+    (run.root / "f").write_bytes(b"f")
+    with survivors(run), connect(run.run_dir) as c:
+        c.call("set_step", step=10)
+        err = c.error("set_step", step=9)
+        assert err["code"] == "bad_request" and "10" in err["message"]
+        assert c.call("get_step") == {"step": 10}
+        # Setting the same step again is allowed and evicts nothing new.
+        assert c.call("set_step", step=10)["files"] == 0
+    assert os.getxattr(run.root / "f", "user.vfsd.step") == b"0"
+    proc = run.cli("step", run.run_dir, "3", check=False)
+    assert proc.returncode != 0 and "before the current step" in proc.stderr
+
+
+def test_many_connections_at_once(run) -> None:
+    with survivors(run):
+        conns = [connect(run.run_dir) for _ in range(100)]
+        try:
+            for i, c in enumerate(conns):
+                try:
+                    c.send_raw(json.dumps({"op": "ping", "id": i}).encode() + b"\n")
+                except BrokenPipeError:
+                    pass  # refused over the limit: the reply below says so
+            ok = refused = 0
+            for i, c in enumerate(conns):
+                line = c.recv_line()
+                assert line, f"connection {i} closed without a reply"
+                reply = json.loads(line)
+                if reply["ok"]:
+                    assert reply["id"] == i and reply["result"]["pong"] is True
+                    ok += 1
+                else:  # over the connection limit: a clear error, then closed
+                    assert reply["error"]["code"] in ("busy", "too_many_connections")
+                    refused += 1
+            assert ok + refused == 100 and ok >= 32
+        finally:
+            for c in conns:
+                c.close()
+    # All slots are free again.
+    conns = [connect(run.run_dir) for _ in range(30)]
+    try:
+        for c in conns:
+            assert_pong(c)
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_silent_and_stalled_clients_block_nobody(run) -> None:
+    (run.root / "f").write_bytes(b"f")
+    with survivors(run):
+        silent = connect(run.run_dir)
+        stalled = connect(run.run_dir)
+        stalled.send_raw(b'{"op": "ping"')  # half a request, then nothing
+        try:
+            with connect(run.run_dir) as c:
+                assert_pong(c)
+                c.call("set_step", step=1)
+                assert c.call("ref", path="f")["size"] == 1
+            # The filesystem is not blocked either.
+            assert (run.root / "f").read_bytes() == b"f"
+            # The stalled client can still finish its request.
+            stalled.send_raw(b"}\n")
+            assert stalled.recv_reply()["result"]["pong"] is True
+        finally:
+            silent.close()
+            stalled.close()
+
+
+def test_out_of_range_integers_are_bad_requests(run) -> None:
+    run.expect_errors = True  # the bug logs tracebacks; asserted below instead
+    with survivors(run), connect(run.run_dir) as c:
+        codes = [
+            c.error("set_step", step=2**70)["code"],
+            c.error("pin", ino=2**70)["code"],
+            c.error("pin", ino=-1)["code"],
+            c.error("resolve", ref={"ino": -1, "gen": 0})["code"],
+            c.error("changes", since=-1)["code"],
+        ]
+        assert c.call("get_step") == {"step": 0}
+    assert "Traceback" not in run.log_text()
+    assert all(code in ("bad_request", "not_found") for code in codes), codes
+
+
+# ---------------------------------------------------------------- security
+
+
+def test_socket_is_owner_only(run) -> None:
+    st = os.stat(sock_path(run.run_dir))
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_uid == os.getuid()
+
+
+def _connect_as_nobody(state_dir: Path) -> str:
+    """In a forked child running as uid/gid 65534, connect to the socket and
+    read one line; what happened, as text ("EACCES", "closed", or the reply).
+
+    The child reaches the socket through a directory fd opened before dropping
+    privileges, so the test's private tmp dirs do not stop it first: only the
+    socket's own mode and the daemon's peer-uid check are under test.
+    """
+    dirfd = os.open(state_dir, os.O_PATH | os.O_DIRECTORY)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(10)
+            try:
+                s.connect(f"/proc/self/fd/{dirfd}/vfsd.sock")
+            except PermissionError:
+                msg = b"EACCES"
+            else:
+                try:
+                    s.sendall(b'{"op": "set_step", "step": 1000}\n')
+                except OSError:
+                    pass  # already closed by the daemon
+                buf = b""
+                try:
+                    while b"\n" not in buf:
+                        chunk = s.recv(4096)
+                        if not chunk:
+                            break
+                        buf += chunk
+                except OSError:
+                    pass
+                msg = buf.split(b"\n")[0] if buf else b"closed"
+            os.write(w, msg)
+        except BaseException as exc:  # report anything, exit regardless
+            os.write(w, f"child error: {exc!r}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.close(dirfd)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return out
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to switch to another uid")
+def test_another_uid_is_refused(run) -> None:
+    with survivors(run):
+        # The socket mode alone stops another user at connect().
+        assert _connect_as_nobody(run.state_dir) == "EACCES"
+        # With the mode opened up, the daemon's peer-uid check still refuses.
+        path = sock_path(run.run_dir)
+        os.chmod(path, 0o777)
+        try:
+            out = _connect_as_nobody(run.state_dir)
+        finally:
+            os.chmod(path, 0o600)
+        assert not out.startswith("child error"), out
+        if out != "closed":
+            reply = json.loads(out)
+            assert reply["ok"] is False and reply["error"]["code"] == "forbidden"
+    # The refused request did nothing.
+    assert call(run.run_dir, "get_step") == {"step": 0}
+
+
+def test_errors_never_reach_the_daemon_log_as_crashes(run) -> None:
+    """A burst of every bad request above on one connection; the fixture then
+    checks that the daemon logged no error or traceback."""
+    with survivors(run), connect(run.run_dir) as c:
+        bad_lines = [
+            b"\xff\n",
+            b"[]\n",
+            b'{"op": 3}\n',
+            b'{"op": "x"}\n',
+            b'{"op": "ref", "path": {"a": 1}}\n',
+            b'{"op": "resolve", "ref": []}\n',
+            b'{"op": "evicted", "limit": 1e9}\n',
+            b'{"op": "set_status", "path": "/", "status": "done"}\n',
+            b'{"op": "ref", "path": "\\u0000"}\n',
+            b'{"op": "ref", "path": "' + b"a/" * 2000 + b'"}\n',
+        ]
+        for line in bad_lines:
+            c.send_raw(line)
+        for line in bad_lines:
+            reply = c.recv_reply()
+            assert reply["ok"] is False and reply["error"]["code"] != "internal", (line, reply)
+    assert error(run.run_dir, "ref", path="x" * 300)["code"] in ("not_found", "bad_request")
