@@ -63,6 +63,8 @@ class Config:
             raise ConfigError("allow_other must be true or false")
         if not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
             raise ConfigError("entry_timeout must be a non-negative number of seconds")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be between 1 and 65535, got {self.metrics_port}")
         if self.max_tasks < 1:
             raise ConfigError("max_tasks must be at least 1")
         return self

@@ -25,6 +25,7 @@ from .errors import StoreLocked, StoreVersionError
 from .eviction import Evictor
 from .fs import VfsdOperations
 from .logs import setup_logging
+from .metrics import start_metrics_server
 from .openfiles import OpenFiles
 from .rundir import RunDir, lock_volume, mount_state
 from .store import Store
@@ -48,6 +49,7 @@ class Daemon:
         self.ops: VfsdOperations | None = None
         self.evictor: Evictor | None = None
         self._lock_fd: int | None = None
+        self.metrics = None
         self.started = time.monotonic()
 
     # --------------------------------------------------------------- setup
@@ -97,6 +99,7 @@ class Daemon:
         }
         self.ops.quota = self.evictor.reserve
         self.ops.reserve_file = self.evictor.reserve_file
+        self.metrics = start_metrics_server(self, self.config.metrics_port)
 
     def _render_status(self) -> bytes:
         from .status import live_status
@@ -145,6 +148,8 @@ class Daemon:
 
     def shutdown(self) -> None:
         """Commit buffers, free what the kernel no longer references, close."""
+        if self.metrics is not None:
+            self.metrics.close()  # a scrape must not read a closing store
         if self.ops is not None:
             self.ops.forget_all()
         if self.store is not None:

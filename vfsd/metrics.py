@@ -63,21 +63,34 @@ class DaemonCollector(Collector):
     def collect(self) -> Iterator:
         d = self.daemon
         info = InfoMetricFamily("vfsd_daemon", "The daemon serving this endpoint.")
-        info.add_metric([], {"version": __version__, "mountpoint": str(d.run.mountpoint),
-                             "store": str(d.store_dir), "volume": d.volume})
+        info.add_metric(
+            [],
+            {
+                "version": __version__,
+                "mountpoint": str(d.run.mountpoint),
+                "store": str(d.store_dir),
+                "volume": d.volume,
+            },
+        )
         yield info
         yield from self._store_metrics()
         ops = d.ops.counters.as_dict()
         for key, name, doc in _OP_COUNTERS:
             yield CounterMetricFamily(name, doc, value=ops[key])
-        yield CounterMetricFamily("vfsd_evicted_files", "Files removed by eviction.",
-                                  value=d.evictor.evicted_total)
-        yield CounterMetricFamily("vfsd_enospc", "Writes refused because a quota was full.",
-                                  value=d.evictor.enospc_total)
-        yield GaugeMetricFamily("vfsd_dirty_bytes", "Written bytes not yet committed to the store.",
-                                value=d.ops.files.dirty_bytes)
-        yield GaugeMetricFamily("vfsd_open_files", "Files with open handles.",
-                                value=len(d.ops.files.files))
+        yield CounterMetricFamily(
+            "vfsd_evicted_files", "Files removed by eviction.", value=d.evictor.evicted_total
+        )
+        yield CounterMetricFamily(
+            "vfsd_enospc", "Writes refused because a quota was full.", value=d.evictor.enospc_total
+        )
+        yield GaugeMetricFamily(
+            "vfsd_dirty_bytes",
+            "Written bytes not yet committed to the store.",
+            value=d.ops.files.dirty_bytes,
+        )
+        yield GaugeMetricFamily(
+            "vfsd_open_files", "Files with open handles.", value=len(d.ops.files.files)
+        )
 
     def _store_metrics(self) -> Iterator:
         with self._store_lock:
@@ -91,10 +104,14 @@ class DaemonCollector(Collector):
         for key, name, doc in _STORE_GAUGES:
             yield GaugeMetricFamily(name, doc, value=c[key])
         stored = c["inline_bytes"] + c["chunk_bytes"]
-        yield GaugeMetricFamily("vfsd_stored_bytes", "Bytes the store holds (inline + chunks).",
-                                value=stored)
-        yield GaugeMetricFamily("vfsd_dedup_ratio", "Logical bytes per stored byte.",
-                                value=c["logical_bytes"] / stored if stored else 1.0)
+        yield GaugeMetricFamily(
+            "vfsd_stored_bytes", "Bytes the store holds (inline + chunks).", value=stored
+        )
+        yield GaugeMetricFamily(
+            "vfsd_dedup_ratio",
+            "Logical bytes per stored byte.",
+            value=c["logical_bytes"] / stored if stored else 1.0,
+        )
 
 
 class MetricsServer:

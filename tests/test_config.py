@@ -1,0 +1,210 @@
+"""Configuration: one TOML file and command-line flags for every option, clear
+errors at start, and a documented example whose defaults are the real ones.
+
+Bad configurations are fed to the real `vfsd mount`; good ones are mounted and
+read back from the running daemon (`vfsd status --json` reports its config).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from conftest import is_mounted, vfsd_cli
+
+from vfsd.config import Config, load_config, option_names
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "systemd" / "vfsd.toml.example"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def write_toml(path: Path, options: dict, table: str | None = None) -> Path:
+    lines = [f"[{table}]"] if table else []
+    lines += [f"{key} = {toml_value(value)}" for key, value in options.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cli_flags(options: dict) -> list[str]:
+    flags: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def non_defaults(alt: bool = False) -> dict:
+    """A value for every option, none of them the default (two distinct sets)."""
+    values = {
+        "inline_max": 4096 if alt else 8192,
+        "chunk_size": 131072 if alt else 262144,
+        "done_retention_steps": 7 if alt else 5,
+        "max_age_steps": 60 if alt else 40,
+        "quota_bytes": (2 << 30) if alt else (1 << 30),
+        "max_files": 7000 if alt else 5000,
+        "durability": "sync",
+        "log_level": "warning" if alt else "debug",
+        "allow_other": not alt,
+        "entry_timeout": 7.5 if alt else 2.5,
+        "max_tasks": 4 if alt else 8,
+        "metrics_port": free_port(),
+    }
+    assert set(values) == set(option_names()), "a new option needs a test value here"
+    defaults = Config().as_dict()
+    assert not alt or all(values[k] != defaults[k] for k in values if k != "allow_other")
+    return values
+
+
+# -------------------------------------------------------------- errors at start
+
+
+def mount_fails(tmp_path: Path, *args: str):
+    run_dir = tmp_path / "run"
+    proc = vfsd_cli("mount", run_dir, *args, check=False)
+    try:
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert not run_dir.exists(), "a rejected configuration must not touch the run dir"
+    finally:
+        if is_mounted(run_dir / "fs"):
+            vfsd_cli("umount", run_dir, check=False)
+    return proc
+
+
+def test_unknown_key_is_named(tmp_path: Path):
+    bad = write_toml(tmp_path / "bad.toml", {"inline_max": 4096, "chunk_sise": 65536})
+    proc = mount_fails(tmp_path, "--config", bad)
+    assert "chunk_sise" in proc.stderr
+    assert "inline_max" not in proc.stderr.split("known:")[0]
+
+
+def test_unknown_key_in_vfsd_table_is_named(tmp_path: Path):
+    bad = write_toml(tmp_path / "bad.toml", {"evict_after": 3}, table="vfsd")
+    assert "evict_after" in mount_fails(tmp_path, "--config", bad).stderr
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("durability", "never"),
+        ("chunk_size", "big"),
+        ("chunk_size", 1024),  # below 4 KiB
+        ("inline_max", -1),
+        ("inline_max", 2 << 20),  # larger than chunk_size
+        ("allow_other", "yes"),
+        ("log_level", "loud"),
+        ("entry_timeout", "soon"),
+        ("max_tasks", 0),
+        ("quota_bytes", -5),
+        ("max_files", 1.5),
+        ("done_retention_steps", True),
+        ("max_age_steps", "20"),
+        ("metrics_port", 70000),
+    ],
+)
+def test_bad_value_is_named(tmp_path: Path, key: str, value):
+    bad = write_toml(tmp_path / "bad.toml", {key: value})
+    assert key in mount_fails(tmp_path, "--config", bad).stderr
+
+
+def test_invalid_toml_is_reported(tmp_path: Path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("inline_max = = 3\n")
+    proc = mount_fails(tmp_path, "--config", bad)
+    assert "bad.toml" in proc.stderr and "TOML" in proc.stderr
+
+
+def test_missing_config_file_is_reported(tmp_path: Path):
+    proc = mount_fails(tmp_path, "--config", tmp_path / "nowhere.toml")
+    assert "nowhere.toml" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--chunk-size", "1000"], "chunk_size"),
+        (["--max-tasks", "0"], "max_tasks"),
+        (["--durability", "never"], "--durability"),
+        (["--inline-max", "lots"], "--inline-max"),
+    ],
+)
+def test_bad_flag_is_named(tmp_path: Path, flags: list[str], named: str):
+    assert named in mount_fails(tmp_path, *flags).stderr
+
+
+# ------------------------------------------------------- every option, both ways
+
+
+@pytest.mark.fuse
+def test_every_option_from_the_file(tmp_path: Path, run_factory):
+    wanted = non_defaults()
+    config = write_toml(tmp_path / "vfsd.toml", wanted)
+    run = run_factory("from-file", "--config", str(config))
+    assert run.status()["config"] == wanted
+
+
+@pytest.mark.fuse
+def test_every_option_from_flags_and_flags_win_over_the_file(tmp_path: Path, run_factory):
+    wanted = non_defaults()
+    other = non_defaults(alt=True)
+    config = write_toml(tmp_path / "vfsd.toml", other)
+    run = run_factory("from-flags", "--config", str(config), *cli_flags(wanted))
+    assert run.status()["config"] == wanted
+
+
+@pytest.mark.fuse
+def test_no_file_no_flags_means_defaults(run):
+    assert run.status()["config"] == Config().as_dict()
+
+
+# ------------------------------------------------------------ the documented example
+
+
+def test_example_documents_every_option_with_its_default():
+    text = EXAMPLE.read_text()
+    parsed = tomllib.loads(text)
+    for field in fields(Config):
+        default = getattr(Config(), field.name)
+        if default is None:
+            # TOML has no null: an option without a default is shown commented out.
+            assert field.name not in parsed, f"{field.name} has no default; comment it out"
+            assert re.search(rf"^# {field.name} = \S", text, re.M), (
+                f"{field.name} is not shown in the example"
+            )
+        else:
+            assert field.name in parsed, f"{field.name} is missing from the example"
+            assert parsed[field.name] == default and type(parsed[field.name]) is type(default), (
+                f"{field.name}: example says {parsed[field.name]!r}, default is {default!r}"
+            )
+    assert set(parsed) <= set(option_names())
+
+
+def test_example_loads_as_the_defaults():
+    assert load_config(EXAMPLE, {}) == Config()
+
+
+def test_example_commented_options_are_valid_when_uncommented(tmp_path: Path):
+    text = re.sub(r"^# (\w+ = \S.*)$", r"\1", EXAMPLE.read_text(), flags=re.M)
+    uncommented = tmp_path / "all.toml"
+    uncommented.write_text(text)
+    config = load_config(uncommented, {})
+    assert all(getattr(config, name) is not None for name in option_names())

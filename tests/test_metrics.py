@@ -1,0 +1,138 @@
+"""The Prometheus endpoint (`--metrics-port`): scraped over HTTP while real
+programs write, read, delete and the agent advances steps; its numbers follow.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.fuse
+
+KiB = 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample on the endpoint, by name (labels dropped; ours have none)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def drop_page_cache(path: Path) -> None:
+    """Make the next read of `path` reach the daemon instead of the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def metered(run_factory):
+    port = free_port()
+    run = run_factory("metered", "--metrics-port", str(port))
+    return run, port
+
+
+def test_metrics_follow_the_mount(metered):
+    run, port = metered
+    before = scrape(port)
+    assert before["vfsd_files"] == 0
+    assert before["vfsd_written_bytes_total"] == 0
+
+    small = os.urandom(3 * KiB)
+    large = os.urandom(300 * KiB)  # past inline_max: chunked
+    (run.root / "small.txt").write_bytes(small)
+    (run.root / "large.bin").write_bytes(large)
+    (run.root / "large-copy.bin").write_bytes(large)  # same chunks: deduplicated
+    with open(run.root / "large.bin", "rb+") as f:
+        os.fsync(f.fileno())
+    drop_page_cache(run.root / "large.bin")
+    assert (run.root / "large.bin").read_bytes() == large
+
+    after = scrape(port)
+    assert after["vfsd_files"] == 3
+    assert after["vfsd_logical_bytes"] == len(small) + 2 * len(large)
+    assert after["vfsd_inline_bytes"] == len(small)
+    assert after["vfsd_chunk_bytes"] == len(large)
+    assert after["vfsd_chunks"] >= 1
+    assert after["vfsd_dedup_ratio"] > 1.5
+    assert after["vfsd_written_bytes_total"] >= len(small) + 2 * len(large)
+    assert after["vfsd_writes_total"] > before["vfsd_writes_total"]
+    assert after["vfsd_creates_total"] == before["vfsd_creates_total"] + 3
+    assert after["vfsd_lookups_total"] > before["vfsd_lookups_total"]
+    assert after["vfsd_read_bytes_total"] >= len(large)
+    assert after["vfsd_reads_total"] > before["vfsd_reads_total"]
+    assert after["vfsd_dirty_bytes"] == 0  # everything closed is committed
+
+    # The numbers agree with `vfsd status`, which reads the same state.
+    status = run.status()
+    assert after["vfsd_files"] == status["files"]
+    assert after["vfsd_chunk_bytes"] == status["chunk_bytes"]
+
+    (run.root / "large-copy.bin").unlink()
+    os.setxattr(run.root / "small.txt", "user.vfsd.status", b"done")
+    run.cli("step", run.run_dir, "10")  # past done_retention_steps (3)
+
+    last = scrape(port)
+    assert last["vfsd_unlinks_total"] == after["vfsd_unlinks_total"] + 1
+    assert last["vfsd_evicted_files_total"] == after["vfsd_evicted_files_total"] + 1
+    assert last["vfsd_files"] == 1
+    assert last["vfsd_step"] == 10
+    assert last["vfsd_logical_bytes"] == len(large)
+    assert last["vfsd_daemon_info"] == 1
+    assert last["process_resident_memory_bytes"] > 0
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses with a TCP socket listening on `port` (from /proc/net/tcp*)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                local, state = line.split()[1], line.split()[3]
+                addr, _, hex_port = local.partition(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(addr)
+    return found
+
+
+def test_metrics_listen_on_localhost_only(metered):
+    run, port = metered
+    assert scrape(port)["vfsd_files"] == 0
+    assert listening_addresses(port) == {"0100007F"}  # 127.0.0.1, little-endian hex
+
+
+def test_endpoint_closes_with_the_daemon(metered):
+    run, port = metered
+    assert scrape(port)["vfsd_files"] == 0
+    run.umount()
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+
+
+def test_busy_port_is_a_startup_error(run_factory):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = run_factory("busy", "--metrics-port", str(port), mount=False)
+        proc = run.cli("mount", run.run_dir, "--metrics-port", str(port), check=False)
+        assert proc.returncode != 0
+        assert str(port) in proc.stderr
+    assert not run.root.exists() or not os.path.ismount(run.root)
