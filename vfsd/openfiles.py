@@ -213,6 +213,12 @@ class OpenFiles:
                     del blk[tail:]
             if size <= self.inline_max and not inode.inline:
                 self._load_dirty(of, 0)
+            if inode.inline:
+                # Block 0 stays buffered (possibly empty) so no later write
+                # reloads the committed, now cut-off, inline bytes.
+                of.dirty.setdefault(0, bytearray())
+                if of.inline_data is not None:
+                    of.inline_data = of.inline_data[:size]
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = now_ns()
         of.attr_dirty = True

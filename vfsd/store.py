@@ -615,6 +615,9 @@ class Store:
         with self.env.begin(write=True) as txn:
             old = self._get_inode(txn, inode.ino)
             new = inode.copy()
+            # Names are not content: link count comes from the store, whatever
+            # the caller's copy says (an unlinked open file must stay unlinked).
+            new.nlink = old.nlink
             new.nblocks = old.nblocks
             if stamp_step:
                 new.step = self._step(txn)
