@@ -10,7 +10,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	@$(PY) -m vfsd.demo
+	@$(PY) -m mount_tool.demo
 
 test: setup
 	@$(PYTEST) -q
