@@ -26,7 +26,7 @@ class OpenFile:
         self.inode = inode
         self.committed_size = inode.size  # size as last committed, for quota accounting
         self.handles = 0
-        self.dirty: dict[int, bytearray] = {}
+        self.dirty: dict[int, bytearray | bytes] = {}  # bytes: a whole, untouched block
         self.attr_dirty = False
         self.blocks = blocks            # committed chunk hashes by block index
         self.inline_data: bytes | None = None   # cached committed inline content
@@ -137,11 +137,14 @@ class OpenFiles:
         return bytearray(self.chunks.read(digest, 0, self.cs))
 
     def _load_dirty(self, of: OpenFile, idx: int) -> bytearray:
+        """The buffered block `idx`, made mutable, loaded from the store if needed."""
         blk = of.dirty.get(idx)
         if blk is None:
             blk = self._committed_block(of, idx)
             of.dirty[idx] = blk
             self.dirty_bytes += len(blk)
+        elif not isinstance(blk, bytearray):
+            blk = of.dirty[idx] = bytearray(blk)
         return blk
 
     # --------------------------------------------------------------- write
@@ -161,14 +164,16 @@ class OpenFiles:
             blk = of.dirty.get(idx)
             if blk is None:
                 if boff == 0 and n == cs:
-                    blk = bytearray(view[:n])
+                    # A whole block, kept as immutable bytes: the usual 1 MiB
+                    # write of a large file is then committed without a copy.
+                    blk = buf if n == len(buf) and isinstance(buf, bytes) else bytes(view[:n])
                     of.dirty[idx] = blk
                     self.dirty_bytes += n
                     full.append(idx)
                     pos += n
                     view = view[n:]
                     continue
-                blk = self._load_dirty(of, idx)
+            blk = self._load_dirty(of, idx)
             before = len(blk)
             if before < boff:
                 blk.extend(bytes(boff - before))
@@ -231,6 +236,7 @@ class OpenFiles:
         blk = of.dirty[idx]
         limit = of.inode.size - idx * self.cs
         if len(blk) > limit:
+            blk = self._load_dirty(of, idx)
             del blk[max(limit, 0):]
         return blk
 
