@@ -142,10 +142,14 @@ class ControlServer:
             req_id, result, error = self.handle_line(line)
             # Names that eviction removed must be gone from the kernel's cache
             # before the client hears back: `ls` right after must not see them.
+            # The kernel is told from a worker thread while the reply is encoded.
             pending = self.evictor.take_invalidations()
-            if pending:
-                await trio.to_thread.run_sync(self.evictor.invalidate_now, pending)
-            await self._send(stream, req_id, result=result, error=error)
+            async with trio.open_nursery() as nursery:
+                if pending:
+                    nursery.start_soon(trio.to_thread.run_sync, self.evictor.invalidate_now,
+                                       pending)
+                reply = self._encode(req_id, result=result, error=error)
+            await stream.send_all(reply)
 
     def handle_line(self, line: bytes):
         """(id, result, error) for one request line."""
@@ -176,12 +180,16 @@ class ControlServer:
             log.exception("control_request_failed", op=op)
             return req_id, None, ("internal", f"{type(exc).__name__}: {exc}")
 
-    async def _send(self, stream, req_id, *, result=None, error=None) -> None:
+    @staticmethod
+    def _encode(req_id, *, result=None, error=None) -> bytes:
         if error is not None:
             msg = {"ok": False, "id": req_id, "error": {"code": error[0], "message": error[1]}}
         else:
             msg = {"ok": True, "id": req_id, "result": result}
-        await stream.send_all(json.dumps(msg).encode() + b"\n")
+        return json.dumps(msg).encode() + b"\n"
+
+    async def _send(self, stream, req_id, *, result=None, error=None) -> None:
+        await stream.send_all(self._encode(req_id, result=result, error=error))
 
     # -------------------------------------------------------------- helpers
 

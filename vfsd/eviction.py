@@ -98,17 +98,24 @@ class Evictor:
         plan = self.plan(step, extra_bytes=extra_bytes, extra_files=extra_files,
                          exclude=exclude)
         records = []
+        open_files = self.files.files
+        facts = self.store.eviction_facts([ino for ino, _ in plan if ino not in open_files])
         for ino, reason in plan:
-            inode = self.files.attrs(ino)
-            try:
-                digest = self.files.content_hash(ino).hex()
-            except errors.StoreError:
-                digest = ""
+            if ino in open_files:  # buffered writes count: hash what readers see
+                inode = self.files.attrs(ino)
+                path = self.store.path_of(ino) or ""
+                digest = None
+            else:
+                inode, path, digest = facts[ino]
+            if digest is None:
+                try:
+                    digest = self.files.content_hash(ino, cache=False)
+                except errors.StoreError:
+                    digest = b""
             records.append({
-                "path": self.store.path_of(ino) or "", "ino": ino, "gen": inode.gen,
-                "hash": digest, "size": inode.size, "step": inode.step,
-                "evicted_step": step, "reason": reason,
-                "status": STATUS_NAMES[inode.status],
+                "path": path, "ino": ino, "gen": inode.gen, "hash": digest.hex(),
+                "size": inode.size, "step": inode.step, "evicted_step": step,
+                "reason": reason, "status": STATUS_NAMES[inode.status],
             })
         if not dry_run and records:
             removed = self.store.evict([(r["ino"], r) for r in records])

@@ -85,6 +85,8 @@ class VfsdOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     #: room kept free on the store's disk for LMDB pages and chunk metadata
     DISK_RESERVE = 4 << 20
+    #: attribute cache time for files open at the moment of the reply (seconds)
+    OPEN_ATTR_TIMEOUT = 1.0
 
     def __init__(self, store: Store, openfiles: OpenFiles, *, entry_timeout: float = 3600.0,
                  durability: str = "fsync", quota=None) -> None:
@@ -160,7 +162,11 @@ class VfsdOperations(pyfuse3.Operations):
         e.st_ino = self._fuse_ino(inode.ino)
         e.generation = inode.gen
         e.entry_timeout = self.entry_timeout
-        e.attr_timeout = self.entry_timeout
+        # The kernel keeps size and times of files itself (writeback cache),
+        # but not st_blocks: while a file is open its attributes are only
+        # trusted for a second, so `du` and `stat` catch up soon after close.
+        e.attr_timeout = (self.OPEN_ATTR_TIMEOUT if inode.ino in self.files.files
+                          else self.entry_timeout)
         e.st_mode = inode.mode
         e.st_nlink = inode.nlink
         e.st_uid = inode.uid
@@ -229,19 +235,32 @@ class VfsdOperations(pyfuse3.Operations):
 
     async def forget(self, inode_list):
         # Must not raise: it answers no request.
+        done = []
         for fuse_ino, n in inode_list:
             if ctldir.is_ctl(fuse_ino):
                 continue
-            try:
-                ino = self._ino(fuse_ino)
-                left = self.lookups.get(ino, 0) - n
-                if left > 0:
-                    self.lookups[ino] = left
-                    continue
+            ino = self._fuse_ino(fuse_ino)
+            left = self.lookups.get(ino, 0) - n
+            if left > 0:
+                self.lookups[ino] = left
+            else:
                 self.lookups.pop(ino, None)
-                self._maybe_free(ino)
-            except Exception:
-                log.exception("forget_failed", ino=fuse_ino)
+                if ino not in self.files.files:
+                    done.append(ino)
+        if not done:
+            return
+        try:
+            # The kernel forgets in batches (after eviction, thousands at once):
+            # one transaction for the batch, and only for inodes without names.
+            self.store.free_inodes([ino for ino in done if self._is_orphan(ino)])
+        except Exception:
+            log.exception("forget_failed", inodes=len(done))
+
+    def _is_orphan(self, ino: int) -> bool:
+        try:
+            return self.store.get_inode(ino).nlink == 0
+        except errors.NotFound:
+            return False
 
     @_guard
     async def getattr(self, inode, ctx):
@@ -496,7 +515,6 @@ class VfsdOperations(pyfuse3.Operations):
         if self.durability == "sync" and of.handles == 1 and of.is_dirty:
             await self._make_durable(of)  # written through mmap after the last close()
         ino = of.inode.ino
-        changed = of.version != of.opened_version
         try:
             self.files.release(of)
         except Exception as exc:
@@ -507,10 +525,7 @@ class VfsdOperations(pyfuse3.Operations):
         if of.handles <= 0:
             if of.inode.nlink == 0:
                 self._maybe_free(ino)
-            elif changed:
-                # The kernel keeps size and times itself (writeback cache) but
-                # not st_blocks, which it took from the reply to create/open.
-                self._inval_send.send_nowait((ino, True))
+
 
     # ---------------------------------------------------------- directories
 

@@ -19,7 +19,7 @@ from .store import Store, now_ns
 class OpenFile:
     """One regular file with open handles (or a transient truncate)."""
 
-    __slots__ = ("inode", "committed_size", "opened_version", "handles", "dirty", "attr_dirty", "blocks", "inline_data",
+    __slots__ = ("inode", "committed_size", "handles", "dirty", "attr_dirty", "blocks", "inline_data",
                  "drop_from", "version", "unsynced")
 
     def __init__(self, inode: Inode, blocks: dict[int, bytes]) -> None:
@@ -32,7 +32,6 @@ class OpenFile:
         self.inline_data: bytes | None = None   # cached committed inline content
         self.drop_from: int | None = None       # pending truncate of committed blocks
         self.version = 0                # bumped on every content change
-        self.opened_version = 0         # version when the first handle opened
         self.unsynced: set[bytes] = set()       # chunks committed since last fsync
 
     @property
@@ -294,8 +293,12 @@ class OpenFiles:
             self._commit_blocks(of, blocks)
         of.attr_dirty = False
 
-    def content_hash(self, ino: int) -> bytes:
-        """xxh3-128 of the whole content, cached in the inode until it changes."""
+    def content_hash(self, ino: int, *, cache: bool = True) -> bytes:
+        """xxh3-128 of the whole content, cached in the inode until it changes.
+
+        `cache=False` skips writing the result back (eviction hashes files it
+        is about to delete: a write transaction each would be wasted).
+        """
         of = self.files.get(ino)
         if of is not None:
             self.flush(of)
@@ -321,7 +324,8 @@ class OpenFiles:
                 if len(piece) < n:
                     h.update(bytes(n - len(piece)))
         digest = h.digest()
-        self.store.set_hash(ino, digest)
+        if cache:
+            self.store.set_hash(ino, digest)
         if of is not None:
             of.inode.hash = digest
         return digest

@@ -56,6 +56,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
+import xxhash
 
 from . import errors
 from .chunks import ChunkStore, chunk_hash
@@ -144,6 +145,7 @@ class Store:
             ) from exc
         self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
         self.volume = volume or "default"
+        self._deltas: dict[bytes, int] | None = None
         self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
         self._vp = b"v" + _U32.pack(self.vol) + b":"
 
@@ -210,8 +212,22 @@ class Store:
         if not delta:
             return
         k = self._vp + key if volume else key
+        if self._deltas is not None:  # batched: written once at the end
+            self._deltas[k] = self._deltas.get(k, 0) + delta
+            return
         val = _get_u64(txn, self.db["meta"], k) + delta
         txn.put(k, _u64(max(val, 0)), db=self.db["meta"])
+
+    def _counter(self, txn, key: bytes) -> int:
+        k = self._vp + key
+        pending = self._deltas.get(k, 0) if self._deltas is not None else 0
+        return _get_u64(txn, self.db["meta"], k) + pending
+
+    def _apply_deltas(self, txn) -> None:
+        deltas, self._deltas = self._deltas, None
+        for k, delta in (deltas or {}).items():
+            val = _get_u64(txn, self.db["meta"], k) + delta
+            txn.put(k, _u64(max(val, 0)), db=self.db["meta"])
 
     def counters(self) -> dict[str, int]:
         """Volume and store counters (files, bytes per tier, chunks)."""
@@ -742,25 +758,29 @@ class Store:
 
     def free_inode(self, ino: int) -> None:
         """Delete an inode that has no names and no users, and its content."""
+        self.free_inodes([ino])
+
+    def free_inodes(self, inos: list[int]) -> None:
+        """Free several nameless, unused inodes in one transaction."""
         freed: list[bytes] = []
         with self.env.begin(write=True) as txn:
-            raw = txn.get(_u64(ino), db=self.db["inode"])
-            if raw is None:
-                txn.delete(_u64(ino), db=self.db["orphan"])
-                return
-            inode = Inode.unpack(ino, raw)
-            if inode.nlink > 0:
-                return
-            freed += self._drop_blocks(txn, ino, 0)
-            key = _u64(ino)
-            txn.delete(key, db=self.db["data"])
-            cur = txn.cursor(db=self.db["xattr"])
-            if cur.set_range(key):
-                while cur.key()[:8] == key:
-                    if not cur.delete() or not cur.key():
-                        break
-            txn.delete(key, db=self.db["inode"])
-            txn.delete(key, db=self.db["orphan"])
+            for ino in inos:
+                key = _u64(ino)
+                raw = txn.get(key, db=self.db["inode"])
+                if raw is None:
+                    txn.delete(key, db=self.db["orphan"])
+                    continue
+                if Inode.unpack(ino, raw).nlink > 0:
+                    continue
+                freed += self._drop_blocks(txn, ino, 0)
+                txn.delete(key, db=self.db["data"])
+                cur = txn.cursor(db=self.db["xattr"])
+                if cur.set_range(key):
+                    while cur.key()[:8] == key:
+                        if not cur.delete() or not cur.key():
+                            break
+                txn.delete(key, db=self.db["inode"])
+                txn.delete(key, db=self.db["orphan"])
         self._delete_unreferenced(freed)
 
     def orphans(self) -> list[int]:
@@ -809,8 +829,7 @@ class Store:
 
     def _trim_log(self, txn, db_name: str, limit: int, counter: bytes) -> None:
         self._bump(txn, counter, 1)
-        n = _get_u64(txn, self.db["meta"], self._vp + counter)
-        if n <= limit:
+        if self._counter(txn, counter) <= limit:
             return
         cur = txn.cursor(db=self.db[db_name])
         prefix = _U32.pack(self.vol)
@@ -831,20 +850,19 @@ class Store:
         return out
 
     def log_eviction(self, txn, inode: Inode, record: dict) -> None:
-        seq = _get_u64(txn, self.db["meta"], self._vp + b"evict_seq")
+        seq = self._counter(txn, b"evict_seq")
         self._bump(txn, b"evict_seq", 1)
         txn.put(_VOL_SEQ.pack(self.vol, seq), json.dumps(record).encode(), db=self.db["evicted"])
         txn.put(_u64(inode.ino), _VOL_SEQ.pack(self.vol, seq), db=self.db["evictino"])
-        n = _get_u64(txn, self.db["meta"], self._vp + b"evicted_n") + 1
-        txn.put(self._vp + b"evicted_n", _u64(n), db=self.db["meta"])
-        if n > EVICT_LOG_MAX:
+        self._bump(txn, b"evicted_n", 1)
+        if self._counter(txn, b"evicted_n") > EVICT_LOG_MAX:
             cur = txn.cursor(db=self.db["evicted"])
             prefix = _U32.pack(self.vol)
             if cur.set_range(prefix) and cur.key()[:4] == prefix:
                 old = json.loads(bytes(cur.value()))
                 cur.delete()
                 txn.delete(_u64(old["ino"]), db=self.db["evictino"])
-                txn.put(self._vp + b"evicted_n", _u64(n - 1), db=self.db["meta"])
+                self._bump(txn, b"evicted_n", -1)
 
     def eviction_log(self, limit: int = 100) -> list[dict]:
         """The newest `limit` eviction records, oldest first."""
@@ -873,6 +891,24 @@ class Store:
             val = txn.get(bytes(raw), db=self.db["evicted"])
         return json.loads(bytes(val)) if val is not None else None
 
+    def eviction_facts(self, inos: list[int]) -> dict[int, tuple[Inode, str, bytes | None]]:
+        """(inode, path, content hash or None if not cheaply known) per inode.
+
+        One read transaction for a whole eviction batch; inline content is
+        hashed here, chunked content only if its hash is cached.
+        """
+        out = {}
+        with self.env.begin() as txn:
+            for ino in inos:
+                inode = self._get_inode(txn, ino)
+                digest = inode.hash or None
+                if digest is None and inode.inline:
+                    raw = txn.get(_u64(ino), db=self.db["data"])
+                    data = bytes(raw) if raw is not None else b""
+                    digest = xxhash.xxh3_128_digest(data.ljust(inode.size, b"\0"))
+                out[ino] = (inode, self._path_in(txn, ino) or "", digest)
+        return out
+
     def evict(self, victims: list[tuple[int, dict]]) -> list[tuple[int, list[tuple[int, bytes]]]]:
         """Remove every name of each victim and log it, in one transaction.
 
@@ -882,34 +918,41 @@ class Store:
         """
         t = now_ns()
         out = []
-        with self.env.begin(write=True) as txn:
-            for ino, record in victims:
-                inode = self._get_inode(txn, ino)
-                names: list[tuple[int, bytes]] = []
-                cur = txn.cursor(db=self.db["backlink"])
-                key = _u64(ino)
-                if cur.set_range(key):
-                    for k in cur.iternext(values=False):
-                        if k[:8] != key:
-                            break
-                        names.append((_U64.unpack(k[8:16])[0], bytes(k[16:])))
-                for parent, name in names:
-                    self._del_entry(txn, parent, name)
-                    p = self._get_inode(txn, parent)
-                    self._touch_dir(txn, p, t)
-                old = inode.copy()
-                inode.nlink = 0
-                inode.ctime_ns = t
-                self._reindex(txn, old, inode)
-                self._put_inode(txn, inode)
-                txn.put(key, b"", db=self.db["orphan"])
-                self.log_eviction(txn, inode, record)
-                rec = {"ino": ino, "gen": inode.gen, "path": record.get("path", ""),
-                       "step": record["evicted_step"], "reason": record["reason"]}
-                txn.put(_VOL_STEP_INO.pack(self.vol, record["evicted_step"], ino),
-                        json.dumps(rec).encode(), db=self.db["removed"])
-                self._trim_log(txn, "removed", REMOVED_LOG_MAX, b"removed_n")
-                out.append((ino, names))
+        parents: set[int] = set()
+        self._deltas = {}  # counters change once per batch, not per file
+        try:
+            with self.env.begin(write=True) as txn:
+                for ino, record in victims:
+                    inode = self._get_inode(txn, ino)
+                    names: list[tuple[int, bytes]] = []
+                    cur = txn.cursor(db=self.db["backlink"])
+                    key = _u64(ino)
+                    if cur.set_range(key):
+                        for k in cur.iternext(values=False):
+                            if k[:8] != key:
+                                break
+                            names.append((_U64.unpack(k[8:16])[0], bytes(k[16:])))
+                    for parent, name in names:
+                        self._del_entry(txn, parent, name)
+                        parents.add(parent)
+                    old = inode.copy()
+                    inode.nlink = 0
+                    inode.ctime_ns = t
+                    self._reindex(txn, old, inode)
+                    self._put_inode(txn, inode)
+                    txn.put(key, b"", db=self.db["orphan"])
+                    self.log_eviction(txn, inode, record)
+                    rec = {"ino": ino, "gen": inode.gen, "path": record.get("path", ""),
+                           "step": record["evicted_step"], "reason": record["reason"]}
+                    txn.put(_VOL_STEP_INO.pack(self.vol, record["evicted_step"], ino),
+                            json.dumps(rec).encode(), db=self.db["removed"])
+                    self._trim_log(txn, "removed", REMOVED_LOG_MAX, b"removed_n")
+                    out.append((ino, names))
+                for parent in parents:  # once per directory, not once per file
+                    self._touch_dir(txn, self._get_inode(txn, parent), t)
+                self._apply_deltas(txn)
+        finally:
+            self._deltas = None  # an aborted batch leaves no pending counts behind
         return out
 
     # ----------------------------------------------------------- chunk maintenance
