@@ -72,31 +72,30 @@ def test_corrupt_chunk_is_detected(tmp_path: Path) -> None:
     plain.path(digest).write_bytes(b"X" + data[1:])
     with pytest.raises(CorruptChunk, match="does not match"):
         plain.read_all(digest)
-    plain.close()
-    verifying = ChunkStore(tmp_path / "chunks", verify_reads=True)
+    # Reads verify the whole chunk before serving any slice of it.
     with pytest.raises(CorruptChunk, match="does not match"):
-        verifying.read(digest, 100, 10)
-    verifying.close()
+        plain.read(digest, 100, 10)
+    plain.close()
 
 
-def test_delete_and_fd_cache(chunks: ChunkStore) -> None:
-    def open_fds() -> int:
-        return len(os.listdir("/proc/self/fd"))
-
-    baseline = open_fds()
+def test_delete_and_content_cache(tmp_path: Path) -> None:
+    chunks = ChunkStore(tmp_path / "chunks", cache_bytes=10_000)
     digests = []
     for i in range(100):
-        data = b"%d" % i * 50
+        data = b"%03d" % i * 100  # 300 bytes each
         digest = chunk_hash(data)
         chunks.put(digest, data)
         digests.append(digest)
-        assert chunks.read(digest, 0, 2) == data[:2]
-    assert open_fds() - baseline <= 64  # the descriptor cache is bounded
-    assert chunks.read(digests[-1], 0, 1) == b"9"
-    assert chunks.fd_hits >= 1 and chunks.fd_misses == 100
+        assert chunks.read(digest, 0, 3) == data[:3]
+    assert chunks._cache_bytes <= 10_000  # the cache is bounded by bytes
+    assert chunks.read(digests[-1], 3, 3) == b"099"
+    assert chunks.cache_hits >= 1 and chunks.cache_misses == 100
+    # A cached chunk that is deleted is not served from memory afterwards.
     for digest in digests:
         chunks.delete(digest)
-    assert open_fds() == baseline  # deleting a chunk closes its cached descriptor
+    assert chunks._cache_bytes == 0
+    with pytest.raises(CorruptChunk, match="missing"):
+        chunks.read(digests[-1], 0, 3)
     assert list(chunks.iter_all()) == []
     chunks.delete(digests[0])  # deleting twice is harmless
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections import OrderedDict
 from pathlib import Path
 
 import xxhash
@@ -27,19 +28,20 @@ def chunk_hash(data: bytes | bytearray | memoryview) -> bytes:
 class ChunkStore:
     """Chunk files under `root` (the store's `chunks/` directory)."""
 
-    def __init__(self, root: Path, verify_reads: bool = False, create: bool = True) -> None:
+    def __init__(self, root: Path, create: bool = True, cache_bytes: int = 32 << 20) -> None:
         self.root = Path(root)
         self.tmp = self.root / "tmp"
         if create:
-            self.tmp.mkdir(parents=True, exist_ok=True)
-        self.verify_reads = verify_reads
-        # Small cache of open descriptors: reads of the same chunk come in runs
-        # (128 KiB kernel reads of a 1 MiB chunk), and open() is the costly part.
-        self._fds: dict[bytes, int] = {}
-        self._fd_order: list[bytes] = []
-        self._max_fds = 64
-        self.fd_hits = 0
-        self.fd_misses = 0
+            self.tmp.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Verified chunk contents, least recently used first. A chunk is read
+        # whole and checked against its name the first time it is needed, so
+        # bytes altered on disk are never served; the kernel's 128 KiB reads
+        # of the same chunk are then slices of memory.
+        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self.cache_limit = cache_bytes
+        self.cache_hits = 0
+        self.cache_misses = 0
 
     def path(self, digest: bytes) -> Path:
         hx = digest.hex()
@@ -57,8 +59,11 @@ class ChunkStore:
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
-        finally:
+        except BaseException:
             os.close(fd)
+            os.unlink(tmp)  # a full disk must not leave half a chunk behind
+            raise
+        os.close(fd)
         return tmp
 
     def install(self, tmp: Path, digest: bytes) -> None:
@@ -72,43 +77,43 @@ class ChunkStore:
 
     def put(self, digest: bytes, data: bytes | bytearray | memoryview) -> None:
         """Store `data` under `digest` (write temp, rename)."""
-        self.install(self.write_temp(data), digest)
+        tmp = self.write_temp(data)
+        try:
+            self.install(tmp, digest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def delete(self, digest: bytes) -> None:
-        self._drop_fd(digest)
+        old = self._cache.pop(digest, None)
+        if old is not None:
+            self._cache_bytes -= len(old)
         try:
             os.unlink(self.path(digest))
         except FileNotFoundError:
             pass
 
     def read(self, digest: bytes, offset: int, length: int) -> bytes:
-        """Read up to `length` bytes at `offset` of a chunk.
+        """Up to `length` bytes at `offset` of a chunk, from verified content.
 
-        Raises CorruptChunk if the chunk file is missing (never returns
-        someone else's bytes or zeros in its place).
+        Raises CorruptChunk if the chunk file is missing or does not match its
+        hash: never someone else's bytes, never zeros in their place.
         """
-        fd = self._fds.get(digest)
-        if fd is not None:
-            self.fd_hits += 1
+        data = self._cache.get(digest)
+        if data is not None:
+            self.cache_hits += 1
+            self._cache.move_to_end(digest)
         else:
-            self.fd_misses += 1
-            try:
-                fd = os.open(self.path(digest), os.O_RDONLY)
-            except FileNotFoundError:
-                raise CorruptChunk(f"chunk {digest.hex()} is missing") from None
-            # A chunk is read front to back by sequential readers: ask for all
-            # of it at once rather than one 128 KiB kernel readahead at a time.
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            self._fds[digest] = fd
-            self._fd_order.append(digest)
-            if len(self._fd_order) > self._max_fds:
-                self._drop_fd(self._fd_order[0])
-        if self.verify_reads:
-            data = os.pread(fd, 1 << 30, 0)
-            if chunk_hash(data) != digest:
-                raise CorruptChunk(f"chunk {digest.hex()} does not match its hash")
-            return data[offset:offset + length]
-        return os.pread(fd, length, offset)
+            self.cache_misses += 1
+            data = self.read_all(digest)
+            self._cache[digest] = data
+            self._cache_bytes += len(data)
+            while self._cache_bytes > self.cache_limit and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._cache_bytes -= len(old)
+        if offset == 0 and length >= len(data):
+            return data
+        return data[offset:offset + length]
 
     def read_all(self, digest: bytes) -> bytes:
         """The whole chunk, verified against its name."""
@@ -155,14 +160,6 @@ class ChunkStore:
     def iter_temps(self):
         yield from self.tmp.iterdir()
 
-    def _drop_fd(self, digest: bytes) -> None:
-        fd = self._fds.pop(digest, None)
-        if fd is not None:
-            os.close(fd)
-            self._fd_order.remove(digest)
-
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        self._fd_order.clear()
+        self._cache.clear()
+        self._cache_bytes = 0

@@ -86,7 +86,12 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
     run = RunDir(run_dir)
     if run.path.exists() and not run.path.is_dir():
         _fail(f"{run.path} exists and is not a directory", 2)
-    run.state.mkdir(parents=True, exist_ok=True)
+    try:
+        if not run.state.exists():
+            run.state.mkdir(parents=True, mode=0o700)
+            os.chmod(run.state, 0o700)  # mkdir's mode is cut by the umask
+    except OSError as exc:
+        _fail(f"cannot create {run.state}: {exc}", 2)
     try:
         store_dir, volume = run.store_location(store)
     except ValueError as exc:
@@ -104,7 +109,8 @@ def _spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str) -> 
     args = [sys.executable, "-m", "vfsd.serve", "--run-dir", str(run.path),
             "--store", str(store_dir), "--volume", volume,
             "--config-json", json.dumps(config.as_dict()), "--ready-fd", str(wfd)]
-    with open(run.log, "ab") as logf:
+    log_fd = os.open(run.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(log_fd, "ab") as logf:
         proc = subprocess.Popen(args, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
                                 stdout=logf, stderr=logf, start_new_session=True)
     os.close(wfd)

@@ -61,8 +61,14 @@ class Daemon:
                                "container with --device /dev/fuse")
         if not os.access("/dev/fuse", os.R_OK | os.W_OK):
             raise StartupError("/dev/fuse is not readable and writable by this user")
+        try:
+            self._prepare()
+        except OSError as exc:
+            raise StartupError(f"cannot prepare {self.run.path}: {exc}") from None
+
+    def _prepare(self) -> None:
         mp = self.run.mountpoint
-        self.run.state.mkdir(parents=True, exist_ok=True)
+        self.run.state.mkdir(parents=True, exist_ok=True, mode=0o700)
         state = mount_state(mp)
         if state == "live":
             raise StartupError(f"{mp} is already mounted")
@@ -71,9 +77,9 @@ class Daemon:
             os.system(f"fusermount3 -u -z {str(mp)!r} >/dev/null 2>&1")
             if mount_state(mp) != "none":
                 raise StartupError(f"{mp} holds a stale mount that could not be removed")
+        if mp.exists() and not mp.is_dir():
+            raise StartupError(f"mountpoint {mp} exists and is not a directory")
         mp.mkdir(parents=True, exist_ok=True)
-        if not mp.is_dir():
-            raise StartupError(f"mountpoint {mp} is not a directory")
         if any(mp.iterdir()):
             raise StartupError(f"mountpoint {mp} is not empty")
         try:
@@ -81,13 +87,18 @@ class Daemon:
         except StoreLocked as exc:
             raise StartupError(str(exc)) from None
         try:
-            self.store = Store(self.store_dir, self.volume)
+            self.store = Store(self.store_dir, self.volume, chunk_size=self.config.chunk_size)
         except StoreVersionError as exc:
             raise StartupError(str(exc)) from None
         self.run.record_store(self.store_dir, self.volume)
         # Inodes left without names by a previous run: nobody can reach them now.
         for ino in self.store.orphans():
             self.store.free_inode(ino)
+        if self.store.chunk_size != self.config.chunk_size:
+            log.warning("chunk_size_from_store", store=self.store.chunk_size,
+                        configured=self.config.chunk_size)
+            self.config.chunk_size = self.store.chunk_size
+            self.config.inline_max = min(self.config.inline_max, self.config.chunk_size)
         files = OpenFiles(self.store, chunk_size=self.config.chunk_size,
                           inline_max=self.config.inline_max)
         self.ops = VfsdOperations(self.store, files, entry_timeout=self.config.entry_timeout,
@@ -174,7 +185,10 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
             except OSError:
                 pass
 
-    run.state.mkdir(parents=True, exist_ok=True)
+    # The store holds file contents: nobody but the owner may read it,
+    # whatever the caller's umask (files in the mount get their own modes).
+    os.umask(0o077)
+    run.state.mkdir(parents=True, exist_ok=True, mode=0o700)
     stream = sys.stderr if log_to_stderr else open(run.log, "a", buffering=1)
     setup_logging(config.log_level, stream)
     daemon = Daemon(run, config, store_dir, volume)

@@ -35,31 +35,43 @@ XATTR_RO = (b"user.vfsd.hash", b"user.vfsd.tier")
 MAX_FILE_SIZE = 1 << 44  # 16 TiB: anything larger is an absurd truncate/write
 
 
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, lmdb.MapFullError) or (
+        isinstance(exc, lmdb.Error) and "No space left" in str(exc))
+
+
+#: Operations that free space: with the disk full, worth releasing the reserve.
+_FREEING_OPS = frozenset({"unlink", "rmdir", "rename", "setattr", "removexattr"})
+
+
 def _guard(fn: Callable) -> Callable:
     """Map storage errors to errnos and anything unexpected to EIO (logged)."""
 
     @functools.wraps(fn)
     async def wrapper(self, *args):
-        try:
-            return await fn(self, *args)
-        except pyfuse3.FUSEError:
-            raise
-        except errors.StoreError as exc:
-            if isinstance(exc, errors.CorruptChunk):
-                log.error("corrupt_chunk", op=fn.__name__, error=str(exc))
-            raise pyfuse3.FUSEError(exc.errno) from None
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        for attempt in (0, 1):
+            try:
+                return await fn(self, *args)
+            except pyfuse3.FUSEError:
+                raise
+            except errors.StoreError as exc:
+                if isinstance(exc, errors.CorruptChunk):
+                    log.error("corrupt_chunk", op=fn.__name__, error=str(exc))
+                raise pyfuse3.FUSEError(exc.errno) from None
+            except Exception as exc:
+                if not _disk_full(exc):
+                    log.exception("handler_failed", op=fn.__name__)
+                    raise pyfuse3.FUSEError(errno.EIO) from None
+                # The failed transaction changed nothing, so a retry is safe.
+                if attempt == 0 and fn.__name__ in _FREEING_OPS and \
+                        self.store.release_reserve():
+                    log.warning("store_disk_full_reserve_released", op=fn.__name__)
+                    continue
                 log.warning("store_disk_full", op=fn.__name__, error=str(exc))
                 raise pyfuse3.FUSEError(errno.ENOSPC) from None
-            log.exception("handler_failed", op=fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except lmdb.MapFullError:
-            log.warning("store_map_full", op=fn.__name__)
-            raise pyfuse3.FUSEError(errno.ENOSPC) from None
-        except Exception:
-            log.exception("handler_failed", op=fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        raise AssertionError("unreachable")
 
     return wrapper
 
@@ -139,6 +151,16 @@ class VfsdOperations(pyfuse3.Operations):
         """Refuse to make a real entry that `.vfsd/` would hide."""
         if parent == self.root and name == ctldir.NAME:
             raise pyfuse3.FUSEError(errno.EEXIST)
+
+    def _new_owner(self, parent_inode: int, mode: int, ctx) -> tuple[int, int]:
+        """(mode, gid) of a new entry: a setgid directory passes on its group,
+        and to subdirectories its setgid bit, as on any POSIX filesystem."""
+        parent = self.store.get_inode(self._ino(parent_inode))
+        if not parent.mode & stat.S_ISGID:
+            return mode, ctx.gid
+        if stat.S_ISDIR(mode):
+            mode |= stat.S_ISGID
+        return mode, parent.gid
 
     def _ctl_entry(self, ino: int) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -331,21 +353,23 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.creates += 1
         if self.reserve_file is not None and stat.S_ISREG(mode):
             self.reserve_file()
-        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, ctx.gid, rdev)
+        mode, gid = self._new_owner(parent_inode, mode, ctx)
+        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, gid, rdev)
         return self._remember(inode)
 
     @_guard
     async def mkdir(self, parent_inode, name, mode, ctx):
         self._new_name(self._ino(parent_inode), name)
-        inode = self.store.create(self._ino(parent_inode), name,
-                                  stat.S_IFDIR | (mode & 0o7777), ctx.uid, ctx.gid)
+        mode, gid = self._new_owner(parent_inode, stat.S_IFDIR | (mode & 0o7777), ctx)
+        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, gid)
         return self._remember(inode)
 
     @_guard
     async def symlink(self, parent_inode, name, target, ctx):
         self._new_name(self._ino(parent_inode), name)
         inode = self.store.create(self._ino(parent_inode), name, stat.S_IFLNK | 0o777,
-                                  ctx.uid, ctx.gid, target=target)
+                                  ctx.uid, self._new_owner(parent_inode, 0, ctx)[1],
+                                  target=target)
         return self._remember(inode)
 
     @_guard
@@ -410,8 +434,8 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.creates += 1
         if self.reserve_file is not None:
             self.reserve_file()
-        inode = self.store.create(self._ino(parent_inode), name,
-                                  stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid)
+        mode, gid = self._new_owner(parent_inode, stat.S_IFREG | (mode & 0o7777), ctx)
+        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, gid)
         self.files.acquire(inode.ino)
         return pyfuse3.FileInfo(fh=inode.ino, keep_cache=True), self._remember(inode)
 
@@ -445,11 +469,15 @@ class VfsdOperations(pyfuse3.Operations):
             self._inval_send.send_nowait((fh, False))
             raise
         n = self.files.write(of, off, buf)
-        if of.inode.size <= self.files.inline_max:
-            # With no FLUSH at close(), commit small files as soon as their
-            # bytes arrive: close() waits for the kernel's write-back, so a
-            # closed small file is in the store, safe from a daemon crash.
-            # Larger files commit each chunk as it fills, the tail at release.
+        if of.inode.size <= self.files.inline_max or end >= of.inode.size:
+            # With no FLUSH at close(), commit as the bytes arrive: close()
+            # waits for the kernel's write-back, so a closed file is in the
+            # store, safe from a daemon crash. Small files commit whole; large
+            # ones commit each chunk as it fills and the tail when a write
+            # reaches the end of the file (a sequential writer's last write).
+            # Writes into the middle of a large file (mmap, dd conv=notrunc)
+            # stay buffered until release or fsync, so one chunk is not
+            # rewritten for every page.
             self.files.flush(of)
         self.counters.writes += 1
         self.counters.bytes_written += n
@@ -462,11 +490,12 @@ class VfsdOperations(pyfuse3.Operations):
         write while there is no room for it is the only way to report it.
         """
         now = time.monotonic()
-        if now - self._disk_checked > 0.1:
+        need = self.files.dirty_bytes + incoming + self.DISK_RESERVE
+        # A cached answer is good for 0.1 s only while there is plenty of room.
+        if now - self._disk_checked > 0.1 or self._disk_free < need + (64 << 20):
             st = os.statvfs(self.store.dir)
             self._disk_free = st.f_bavail * st.f_frsize
             self._disk_checked = now
-        need = self.files.dirty_bytes + incoming + self.DISK_RESERVE
         if need > self._disk_free:
             self._disk_checked = 0.0  # look again next time: space may come back
             log.warning("store_disk_full", free=self._disk_free, needed=need)

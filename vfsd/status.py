@@ -44,8 +44,8 @@ def live_status(daemon) -> dict:
         "dirty_bytes": ops.files.dirty_bytes,
         "counters": {**ops.counters.as_dict(), "evicted": ev.evicted_total,
                      "enospc": ev.enospc_total,
-                     "chunk_fd_cache_hits": daemon.store.chunks.fd_hits,
-                     "chunk_fd_cache_misses": daemon.store.chunks.fd_misses},
+                     "chunk_cache_hits": daemon.store.chunks.cache_hits,
+                     "chunk_cache_misses": daemon.store.chunks.cache_misses},
         "config": daemon.config.as_dict(),
     })
     return doc

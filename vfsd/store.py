@@ -7,6 +7,7 @@ so only the step indexes, logs and counters carry the volume id.
 Named databases (all integers big-endian, so range scans run in order):
 
 `meta`       ascii key -> value. Global: `schema` (u32 SCHEMA_VERSION),
+             `chunk_size` (u64, fixed when the store is created),
              `next_ino`, `next_cookie`, `next_vol` (u64), `chunk_count`,
              `chunk_bytes` (u64, over chunks with refcount > 0). Per volume, the
              key is prefixed `v<vol u32>:`: `step` (u64 current agent step),
@@ -115,24 +116,43 @@ class Store:
         map_size: int = 1 << 38,
         sync: bool = False,
         create: bool = True,
+        chunk_size: int | None = None,
     ) -> None:
         self.dir = Path(store_dir)
         self.readonly = readonly
         lmdb_dir = self.dir / "lmdb"
-        if readonly and not (lmdb_dir / "data.mdb").exists():
+        data_file = lmdb_dir / "data.mdb"
+        if data_file.exists():
+            if data_file.stat().st_size < 2 * 4096:  # not even LMDB's two meta pages
+                raise errors.StoreVersionError(
+                    f"{data_file} is empty or truncated: the store is damaged "
+                    "(restore it from a backup; refusing to start a new store over its chunks)")
+        elif readonly:
             raise errors.StoreVersionError(f"no vfsd store at {self.dir}")
+        elif any((self.dir / "chunks").glob("??/*")):
+            raise errors.StoreVersionError(
+                f"{data_file} is missing but {self.dir / 'chunks'} holds chunks: "
+                "the store is damaged (refusing to start a new store over its chunks)")
         if not readonly:
-            lmdb_dir.mkdir(parents=True, exist_ok=True)
+            lmdb_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             # sync=False: a commit reaches the OS page cache, which survives a
             # daemon crash; fsync() and durability="sync" call sync() explicitly.
             self.env = lmdb.open(
                 str(lmdb_dir), map_size=map_size, max_dbs=len(_DB_NAMES) + 1,
                 readonly=readonly, sync=sync, metasync=sync, readahead=False,
-                max_readers=256, lock=True,
+                max_readers=256, lock=True, mode=0o600,
             )
         except lmdb.Error as exc:
             raise errors.StoreVersionError(f"cannot open LMDB store at {lmdb_dir}: {exc}") from exc
+        # LMDB maps the file and trusts its meta page: a file cut short would
+        # kill the process with SIGBUS at the first read past its end.
+        needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        if data_file.exists() and data_file.stat().st_size < needed:
+            self.env.close()
+            raise errors.StoreVersionError(
+                f"{data_file} is truncated ({data_file.stat().st_size} bytes, its own "
+                f"metadata says {needed}): the store is damaged")
         try:
             self.db = {
                 name: self.env.open_db(name.encode(), create=not readonly)
@@ -147,6 +167,9 @@ class Store:
         self.volume = volume or "default"
         self._deltas: dict[bytes, int] | None = None
         self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
+        self.chunk_size = self._chunk_size(chunk_size)
+        if not readonly:
+            self._make_reserve()
         self._vp = b"v" + _U32.pack(self.vol) + b":"
 
     # ------------------------------------------------------------------ setup
@@ -186,6 +209,52 @@ class Store:
             txn.put(_u64(root), ino.pack(), db=db["inode"])
             txn.put(key, struct.pack(">IQ", vol, root), db=db["volume"])
         return vol, root
+
+    RESERVE_BYTES = 16 << 20
+
+    def _make_reserve(self) -> None:
+        """Keep some disk space aside for deletions when the disk fills up.
+
+        LMDB writes new pages even to delete (copy on write): with the disk
+        full, nothing could be removed to make room. Releasing the reserve
+        lets deletions through; it is made again at the next start.
+        """
+        path = self.dir / "reserve"
+        if path.exists():
+            return
+        st = os.statvfs(self.dir)
+        size = min(self.RESERVE_BYTES, st.f_blocks * st.f_frsize // 32)  # small disks: 3%
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError:
+            path.unlink(missing_ok=True)  # no room for it now; try next start
+
+    def release_reserve(self) -> bool:
+        """Free the reserved space; False if there was none left to free."""
+        try:
+            (self.dir / "reserve").unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _chunk_size(self, wanted: int | None) -> int | None:
+        """The store's chunk size: recorded by the first writer, fixed after.
+
+        Block indexes only mean something with the chunk size they were cut
+        with, so a store never changes it (the daemon adopts the stored one).
+        """
+        with self.env.begin() as txn:
+            raw = txn.get(b"chunk_size", db=self.db["meta"])
+        if raw is not None:
+            return _U64.unpack(raw)[0]
+        if wanted is not None and not self.readonly:
+            with self.env.begin(write=True) as txn:
+                txn.put(b"chunk_size", _u64(wanted), db=self.db["meta"])
+        return wanted
 
     def close(self) -> None:
         self.chunks.close()
