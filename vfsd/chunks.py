@@ -106,14 +106,34 @@ class ChunkStore:
         else:
             self.cache_misses += 1
             data = self.read_all(digest)
-            self._cache[digest] = data
-            self._cache_bytes += len(data)
-            while self._cache_bytes > self.cache_limit and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._cache_bytes -= len(old)
+            self.insert(digest, data)
         if offset == 0 and length >= len(data):
             return data
         return data[offset:offset + length]
+
+    def prefetch(self, digest: bytes) -> None:
+        """Ask the kernel to start reading a chunk file we will likely need."""
+        try:
+            fd = os.open(self.path(digest), os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+    def is_cached(self, digest: bytes) -> bool:
+        return digest in self._cache
+
+    def insert(self, digest: bytes, data: bytes) -> None:
+        """Add verified content (from read_all, maybe run in a worker thread)."""
+        if digest in self._cache:
+            return
+        self._cache[digest] = data
+        self._cache_bytes += len(data)
+        while self._cache_bytes > self.cache_limit and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old)
 
     def read_all(self, digest: bytes) -> bytes:
         """The whole chunk, verified against its name."""

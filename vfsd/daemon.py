@@ -138,10 +138,26 @@ class Daemon:
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             nursery.start_soon(self._fuse_main, nursery.cancel_scope)
             nursery.start_soon(self.ops.run_invalidator)
+            nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
             await trio.sleep(0)
             ready()
             log.info("mounted", mountpoint=str(self.run.mountpoint), store=str(self.store_dir),
                      volume=self.volume, version=__version__, pid=os.getpid())
+
+    def _tune_readahead(self) -> None:
+        """Let the kernel read ahead a whole chunk (it starts at 128 KiB).
+
+        Fewer, larger READ requests: a cold sequential read costs a quarter of
+        the round trips. Root only (sysfs); anyone else keeps the default.
+        Runs in a thread: stat() of our own mountpoint is answered by our loop.
+        """
+        try:
+            dev = os.stat(self.run.mountpoint).st_dev
+            path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+            with open(path, "w") as f:
+                f.write(str(max(self.config.chunk_size // 1024, 128)))
+        except OSError as exc:
+            log.debug("readahead_not_tuned", error=str(exc))
 
     async def _fuse_main(self, cancel_scope: trio.CancelScope) -> None:
         try:

@@ -116,6 +116,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.reserve_file = None
         self._disk_free = 0
         self._disk_checked = 0.0
+        self._loading: dict[bytes, trio.Event] = {}  # chunk loads in flight
         # `.vfsd/` answers lookups by name but is left out of readdir of the
         # root, so `ls`, `find` and `grep -r` over the mount never trip on it.
         self.ctl = ctldir.ControlDir()
@@ -446,10 +447,44 @@ class VfsdOperations(pyfuse3.Operations):
         of = self.files.get(fh)
         if of is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        missing = self.files.uncached_chunks(of, off, size)
+        if missing:
+            await self._load_chunks(missing, self.files.next_chunk(of, off, size))
+            of = self.files.get(fh)  # released while we waited: nothing to read
+            if of is None:
+                raise pyfuse3.FUSEError(errno.EBADF)
         data = self.files.read(of, off, size)
         self.counters.reads += 1
         self.counters.bytes_read += len(data)
         return data
+
+    async def _load_chunks(self, digests: list[bytes], prefetch: bytes | None) -> None:
+        """Read and verify chunks in worker threads, so the loop keeps serving
+        other requests and the kernel's parallel readahead reads in parallel.
+
+        Chunks are immutable, so loading one needs no lock; a read of the same
+        chunk that arrives meanwhile waits for the load in flight.
+        """
+        chunks = self.store.chunks
+        for digest in digests:
+            pending = self._loading.get(digest)
+            if pending is not None:
+                await pending.wait()
+                continue
+            done = self._loading[digest] = trio.Event()
+            try:
+                data = await trio.to_thread.run_sync(self._read_chunk, digest, prefetch)
+                chunks.insert(digest, data)
+            finally:
+                del self._loading[digest]
+                done.set()
+
+    def _read_chunk(self, digest: bytes, prefetch: bytes | None) -> bytes:
+        # In a worker thread: the disk works on the next chunk while this one
+        # is hashed and served.
+        if prefetch is not None:
+            self.store.chunks.prefetch(prefetch)
+        return self.store.chunks.read_all(digest)
 
     @_guard
     async def write(self, fh, off, buf):

@@ -102,6 +102,25 @@ class OpenFiles:
             of.inline_data = self.store.read_inline(of.inode.ino)
         return of.inline_data
 
+    def uncached_chunks(self, of: OpenFile, off: int, size: int) -> list[bytes]:
+        """Chunks a read of this range needs that are not in memory yet."""
+        if of.inode.inline:
+            return []
+        end = min(off + size, of.inode.size)
+        out = []
+        for idx in range(off // self.cs, -(-end // self.cs)):
+            digest = of.blocks.get(idx)
+            if digest and idx not in of.dirty and not self.chunks.is_cached(digest):
+                out.append(digest)
+        return out
+
+    def next_chunk(self, of: OpenFile, off: int, size: int) -> bytes | None:
+        """The chunk after this range, worth prefetching for a sequential reader."""
+        if of.inode.inline:
+            return None
+        digest = of.blocks.get(-(-(off + size) // self.cs))
+        return digest if digest and not self.chunks.is_cached(digest) else None
+
     def read(self, of: OpenFile, off: int, size: int) -> bytes:
         end = min(off + size, of.inode.size)
         if off >= end:

@@ -210,7 +210,7 @@ class Store:
             txn.put(key, struct.pack(">IQ", vol, root), db=db["volume"])
         return vol, root
 
-    RESERVE_BYTES = 16 << 20
+    RESERVE_BYTES = 8 << 20
 
     def _make_reserve(self) -> None:
         """Keep some disk space aside for deletions when the disk fills up.
