@@ -620,6 +620,8 @@ class VfsdOperations(pyfuse3.Operations):
                 if not pyfuse3.readdir_reply(token, name, self._entry(of.inode if of else inode),
                                              cookie):
                     return
+                # READDIRPLUS: an entry the kernel took is a lookup it will forget.
+                self.lookups[inode.ino] = self.lookups.get(inode.ino, 0) + 1
                 after = cookie
 
     async def releasedir(self, fh):
