@@ -542,13 +542,17 @@ def test_another_uid_is_refused(run) -> None:
     with survivors(run):
         # The socket mode alone stops another user at connect().
         assert _connect_as_nobody(run.state_dir) == "EACCES"
-        # With the mode opened up, the daemon's peer-uid check still refuses.
+        # With the modes opened up (the state dir is 0700 too), the daemon's
+        # peer-uid check still refuses.
         path = sock_path(run.run_dir)
+        dir_mode = run.state_dir.stat().st_mode & 0o7777
+        os.chmod(run.state_dir, 0o711)
         os.chmod(path, 0o777)
         try:
             out = _connect_as_nobody(run.state_dir)
         finally:
             os.chmod(path, 0o600)
+            os.chmod(run.state_dir, dir_mode)
         assert not out.startswith("child error"), out
         if out != "closed":
             reply = json.loads(out)
