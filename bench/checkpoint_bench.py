@@ -30,7 +30,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -51,7 +50,6 @@ from langchain.agents import create_agent  # noqa: E402
 from langchain.agents.middleware import AgentState  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer  # noqa: E402
 from pgserver import PgServer, find_pg_bin  # noqa: E402
 from test_deepagents import (  # noqa: E402
     scripted_model,
@@ -62,25 +60,13 @@ from test_deepagents import (  # noqa: E402
 )
 
 import mount_tool  # noqa: E402
+from mount_tool.checkpoints import CountingSerializer  # noqa: E402
 from mount_tool.deepagents import create_vfsd_deep_agent  # noqa: E402
 
 MARKS = (5, 15, 30, 50)
 VARIANTS = ("classic", "deepagents", "vfsd")
 
 
-class CountingSerializer(JsonPlusSerializer):
-    """LangGraph's serializer, counting the bytes it produces for the saver."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bytes = 0
-        self._lock = threading.Lock()
-
-    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        kind, data = super().dumps_typed(obj)
-        with self._lock:
-            self.bytes += len(data)
-        return kind, data
 
 
 def timed_saver(cls: type) -> type:

@@ -23,7 +23,6 @@ import random
 import re
 import shutil
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,7 +34,8 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from mount_tool.checkpoints import CountingSerializer
 
 from .deepagents import VfsdBackend, VfsdMiddleware
 from .errors import MountError, MountToolError
@@ -303,19 +303,6 @@ def agent_script() -> list[AIMessage]:
 # -- measuring the graph state ----------------------------------------------------------
 
 
-class CountingSerializer(JsonPlusSerializer):
-    """LangGraph's checkpoint serializer, counting the bytes it writes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bytes = 0
-        self._lock = threading.Lock()
-
-    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        kind, data = super().dumps_typed(obj)
-        with self._lock:
-            self.bytes += len(data)
-        return kind, data
 
 
 @dataclass

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pagecache import drop_page_cache
 
 pytestmark = pytest.mark.fuse
 
@@ -45,12 +46,7 @@ def stored_chunk_bytes(status: dict) -> int:
 
 def read_from_daemon(path: Path) -> bytes:
     """The bytes of `path` with its page cache dropped first, so chunks are really read."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_page_cache(path)
     return path.read_bytes()
 
 

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pagecache import drop_page_cache
 
 pytestmark = pytest.mark.fuse
 
@@ -114,14 +115,6 @@ def random_bytes(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def drop_page_cache(path: Path | str) -> None:
-    """Make the next reads of `path` go to the daemon rather than the page cache."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def sha256_file(path: Path) -> str:

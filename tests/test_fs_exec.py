@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pagecache import drop_page_cache
 
 pytestmark = pytest.mark.fuse
 
@@ -38,14 +39,6 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def drop_page_cache(path: Path) -> None:
-    """Flush and evict `path` from the page cache, so the next read asks the daemon."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def sha256sum(path: Path) -> str:

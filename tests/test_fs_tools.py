@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pagecache import drop_page_cache
 
 pytestmark = pytest.mark.fuse
 
@@ -56,18 +57,6 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def drop_page_cache(path: Path) -> None:
-    """Flush and evict `path` from the page cache, so the next read asks the daemon.
-
-    Without this, reads right after writes are served by the kernel alone and
-    the daemon's read path is never exercised.
-    """
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def sha256sum(path: str, cwd: Path) -> str:

@@ -8,9 +8,9 @@ import os
 import socket
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
+from pagecache import drop_page_cache
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.fuse
@@ -32,13 +32,6 @@ def scrape(port: int) -> dict[str, float]:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def drop_page_cache(path: Path) -> None:
-    """Make the next read of `path` reach the daemon instead of the page cache."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture
