@@ -527,3 +527,22 @@ def rmtree_quiet(path: Path) -> None:
 
 if __name__ == "__main__":
     print(json.dumps(WORKERS[sys.argv[1]](*sys.argv[2:])))
+
+
+def add_run_options(ap) -> None:
+    """The options every benchmark here takes: where to run, output, mount flags."""
+    ap.add_argument("--base-dir", default="/var/tmp", help="where the run dirs go")
+    ap.add_argument("--json", metavar="FILE", help="write results as JSON ('-': stdout, no table)")
+    ap.add_argument(
+        "--vfsd-opt",
+        action="append",
+        default=[],
+        help="extra `vfsd mount` argument (repeat; use --vfsd-opt=--flag)",
+    )
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        metavar="LOAD",
+        help="first wait (up to 30 min) for the 1-minute load average to drop below LOAD",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     ControlClient,
     VfsdMount,
+    add_run_options,
     cpu_pressure,
     fmt_seconds,
     load_average,
@@ -301,21 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", choices=("max_age", "done", "both"), default="both")
     ap.add_argument("--file-size", type=int, default=2000, help="bytes per file")
     ap.add_argument("--writers", type=int, default=4, help="writer threads while filling")
-    ap.add_argument("--base-dir", default="/var/tmp")
-    ap.add_argument("--json", metavar="FILE", help="write results as JSON ('-': stdout, no table)")
-    ap.add_argument(
-        "--vfsd-opt",
-        action="append",
-        default=[],
-        help="extra `vfsd mount` argument (repeat; use --vfsd-opt=--flag)",
-    )
-    ap.add_argument(
-        "--wait-quiet",
-        type=float,
-        metavar="LOAD",
-        help="first wait (up to 30 min) for the 1-minute load average to drop below LOAD",
-    )
-    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    add_run_options(ap)
     args = ap.parse_args(argv)
     sizes = args.files or ([2000, 5000] if args.quick else [10_000, 100_000])
     if any(n % BATCH or n < BATCH for n in sizes):

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     NEEDLE,
     VfsdMount,
+    add_run_options,
     cpu_pressure,
     drop_caches,
     evict_file_pages,
@@ -408,28 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     ap.add_argument("--reps", type=int, help="runs per figure (default 5, quick 3)")
-    ap.add_argument("--base-dir", default="/var/tmp", help="where the native dir and run dir go")
-    ap.add_argument("--json", metavar="FILE", help="write results as JSON ('-': stdout, no table)")
     ap.add_argument("--dry-run", action="store_true", help="two native dirs, no daemon")
-    ap.add_argument(
-        "--vfsd-opt",
-        action="append",
-        default=[],
-        help="extra `vfsd mount` argument (repeat; use --vfsd-opt=--flag)",
-    )
     ap.add_argument(
         "--only",
         action="append",
         choices=("big", "small", "csu", "find"),
         help="run only these workload groups (repeat)",
     )
-    ap.add_argument(
-        "--wait-quiet",
-        type=float,
-        metavar="LOAD",
-        help="first wait (up to 30 min) for the 1-minute load average to drop below LOAD",
-    )
-    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    add_run_options(ap)
     args = ap.parse_args(argv)
 
     if args.wait_quiet:

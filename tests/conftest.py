@@ -38,6 +38,17 @@ def is_mounted(path: Path) -> bool:
         return any(line.split()[4] == target for line in f)
 
 
+def unmount_quietly(mount) -> None:
+    """Unmount a mount_tool.Mount in teardown, lazily if it will not go cleanly."""
+    import mount_tool
+
+    if is_mounted(mount.root):
+        try:
+            mount.unmount()
+        except mount_tool.MountError:
+            subprocess.run(["fusermount3", "-u", "-z", str(mount.root)], capture_output=True)
+
+
 @dataclass
 class MountedRun:
     """A run dir with a live vfsd mount on `root` (RUN_DIR/fs)."""

@@ -208,3 +208,11 @@ def test_example_commented_options_are_valid_when_uncommented(tmp_path: Path):
     uncommented.write_text(text)
     config = load_config(uncommented, {})
     assert all(getattr(config, name) is not None for name in option_names())
+
+
+def test_fsck_of_a_directory_without_a_store_changes_nothing(tmp_path: Path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    proc = vfsd_cli("fsck", plain, check=False)
+    assert proc.returncode != 0 and "no vfsd store" in proc.stderr
+    assert list(plain.iterdir()) == []  # no store was made on the way

@@ -583,3 +583,11 @@ def test_errors_never_reach_the_daemon_log_as_crashes(run) -> None:
             reply = c.recv_reply()
             assert reply["ok"] is False and reply["error"]["code"] != "internal", (line, reply)
     assert error(run.run_dir, "ref", path="x" * 300)["code"] in ("not_found", "bad_request")
+
+
+def test_overlong_path_component_is_a_bad_request(run) -> None:
+    # Longer than any name can be, and than an LMDB key may be: a clear
+    # refusal, not an internal error.
+    reply = error(run.run_dir, "ref", path="x" * 600 + "/y")
+    assert reply["code"] == "bad_request" and "255" in reply["message"]
+    assert call(run.run_dir, "ping")["pong"] is True

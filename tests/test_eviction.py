@@ -661,3 +661,13 @@ def test_vfsd_xattrs_refuse_bad_writes(run) -> None:
     os.setxattr(p, "user.note", b"kept")
     assert os.getxattr(p, "user.note") == b"kept"
     assert_present(p, b"content")
+
+
+def test_step_xattr_out_of_range_is_refused(run) -> None:
+    f = run.root / "f"
+    f.write_bytes(b"x")
+    for bad in (str(1 << 70), "-1", "seven"):
+        with pytest.raises(OSError) as exc:
+            os.setxattr(f, "user.vfsd.step", bad.encode())
+        assert exc.value.errno == errno.EINVAL
+    assert os.getxattr(f, "user.vfsd.step") == b"0"

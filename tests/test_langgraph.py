@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TypedDict
 
 import pytest
+from conftest import unmount_quietly
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 
@@ -18,7 +19,6 @@ from mount_tool.langgraph import (
     make_sync_node,
     write_artifact,
 )
-from mount_tool.mount import is_mounted
 
 
 def _ref(ino: int, path: str) -> dict:
@@ -64,11 +64,7 @@ def mnt(tmp_path: Path):
     try:
         yield m
     finally:
-        if is_mounted(m.root):
-            try:
-                m.unmount()
-            except mount_tool.MountError:
-                subprocess.run(["fusermount3", "-u", "-z", str(m.root)], capture_output=True)
+        unmount_quietly(m)
 
 
 class ArtifactState(TypedDict):

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import xxhash
+from conftest import unmount_quietly
 
 import mount_tool
 from mount_tool.mount import is_mounted, mount_flags
@@ -94,14 +95,6 @@ def test_mount_flags() -> None:
 # -- real mount --------------------------------------------------------------------
 
 
-def _unmount_quietly(m: mount_tool.Mount) -> None:
-    if is_mounted(m.root):
-        try:
-            m.unmount()
-        except mount_tool.MountError:
-            subprocess.run(["fusermount3", "-u", "-z", str(m.root)], capture_output=True)
-
-
 @pytest.fixture
 def make_mount(tmp_path: Path):
     """Start vfsd through mount_tool.mount with given options; unmounted in teardown."""
@@ -115,7 +108,7 @@ def make_mount(tmp_path: Path):
 
     yield make
     for m in made:
-        _unmount_quietly(m)
+        unmount_quietly(m)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +118,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory):
     pytest.importorskip("vfsd.cli")
     m = mount_tool.mount(tmp_path_factory.mktemp("shared") / "run")
     yield m
-    _unmount_quietly(m)
+    unmount_quietly(m)
 
 
 def test_write_ref_read_round_trip(shared) -> None:

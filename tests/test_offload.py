@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import unmount_quietly
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 import mount_tool
-from mount_tool.mount import is_mounted
 from mount_tool.offload import (
     OffloadMiddleware,
     describe_content,
@@ -138,11 +138,7 @@ def mnt(tmp_path_factory: pytest.TempPathFactory):
     try:
         yield m
     finally:
-        if is_mounted(m.root):
-            try:
-                m.unmount()
-            except mount_tool.MountError:
-                subprocess.run(["fusermount3", "-u", "-z", str(m.root)], capture_output=True)
+        unmount_quietly(m)
 
 
 def test_small_output_is_left_alone(mnt: mount_tool.Mount) -> None:

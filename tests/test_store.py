@@ -492,11 +492,8 @@ def test_everything_persists_across_reopen(store_dir: Path) -> None:
     write_content(s, small, small_data)
     write_content(s, big, big_data)
     s.create(root, b"sym", stat.S_IFLNK | 0o777, UID, GID, target=b"dir/small")
-    inode = s.get_inode(big)
-    inode.mode = stat.S_IFREG | 0o755
-    inode.mtime_ns = 1_234_567_890_123_456_789
-    inode.status = STATUS_DONE
-    s.update_inode(inode)
+    s.set_attrs(big, mode=stat.S_IFREG | 0o755, mtime_ns=1_234_567_890_123_456_789,
+                status=STATUS_DONE)
     s.set_xattr(big, b"user.note", b"\x00binary\xff")
     tree = {ino: s.get_inode(ino) for ino in (root, d, small, big)}
     counters = s.counters()
@@ -699,13 +696,8 @@ def test_step_indexes_follow_status_pin_and_content(store: Store) -> None:
     mkdir(store, root, b"dir")  # directories are not indexed
     store.set_step(4)
     new = mkfile(store, root, b"new")
-    for ino, change in ((pinned, "pin"), (done, "done")):
-        inode = store.get_inode(ino)
-        if change == "pin":
-            inode.pinned = True
-        else:
-            inode.status = STATUS_DONE
-        store.update_inode(inode)
+    store.set_attrs(pinned, pinned=True)
+    store.set_attrs(done, status=STATUS_DONE)
 
     def scan(index: str, **kw) -> list[tuple[int, int]]:
         return list(store.scan_index(index, **kw))
@@ -721,9 +713,7 @@ def test_step_indexes_follow_status_pin_and_content(store: Store) -> None:
     write_content(store, old, b"changed")
     assert scan("bystep") == [(1, pinned), (1, done), (4, new), (9, old)]
     # Unpinning puts it back; unlinking takes it out of every index.
-    inode = store.get_inode(pinned)
-    inode.pinned = False
-    store.update_inode(inode)
+    store.set_attrs(pinned, pinned=False)
     assert (1, pinned) in scan("agestep")
     store.unlink(root, b"done")
     assert all(ino != done for idx in ("bystep", "agestep", "donestep") for _, ino in scan(idx))

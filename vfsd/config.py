@@ -61,7 +61,8 @@ class Config:
             raise ConfigError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if not isinstance(self.allow_other, bool):
             raise ConfigError("allow_other must be true or false")
-        if not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
+        if isinstance(self.entry_timeout, bool) or \
+                not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
             raise ConfigError("entry_timeout must be a non-negative number of seconds")
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be between 1 and 65535, got {self.metrics_port}")

@@ -269,32 +269,22 @@ class ControlServer:
             return {"state": "evicted", "ref": None, "matches": False, "evicted": record}
         return {"state": "missing", "ref": None, "matches": False, "evicted": None}
 
-    def _update(self, req: dict, change: Callable[[Inode], None]) -> dict:
-        inode = self._inode_for(req)
-        stored = self.store.get_inode(inode.ino)
-        new = stored.copy()
-        change(new)
-        self.store.update_inode(new, stored)
-        of = self.files.get(inode.ino)
-        if of is not None:
-            of.inode.status, of.inode.pinned = new.status, new.pinned
-        return self.file_ref(inode.ino)
+    def _update(self, req: dict, **changes) -> dict:
+        ino = self._inode_for(req).ino
+        self.ops.set_attrs(ino, **changes)
+        return self.file_ref(ino)
 
     def op_set_status(self, req: dict) -> dict:
         status = _arg(req, "status", str)
         if status not in STATUS_BY_NAME:
             raise RequestError("bad_request", f"status must be one of {sorted(STATUS_BY_NAME)}")
-
-        def change(i: Inode) -> None:
-            i.status = STATUS_BY_NAME[status]
-
-        return self._update(req, change)
+        return self._update(req, status=STATUS_BY_NAME[status])
 
     def op_pin(self, req: dict) -> dict:
-        return self._update(req, lambda i: setattr(i, "pinned", True))
+        return self._update(req, pinned=True)
 
     def op_unpin(self, req: dict) -> dict:
-        return self._update(req, lambda i: setattr(i, "pinned", False))
+        return self._update(req, pinned=False)
 
     def op_changes(self, req: dict) -> dict:
         since = _arg(req, "since", int)

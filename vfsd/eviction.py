@@ -140,7 +140,7 @@ class Evictor:
                 of.inode.nlink = 0
             for parent, name in names:
                 self.pending_invalidations.append((fuse_ino(parent), name, fuse_ino(ino)))
-            self.ops._maybe_free(ino)
+        self.ops._maybe_free(*(ino for ino, _ in removed))
 
     def take_invalidations(self) -> list[tuple[int, bytes, int]]:
         pending, self.pending_invalidations = self.pending_invalidations, []

@@ -153,16 +153,6 @@ class VfsdOperations(pyfuse3.Operations):
         if parent == self.root and name == ctldir.NAME:
             raise pyfuse3.FUSEError(errno.EEXIST)
 
-    def _new_owner(self, parent_inode: int, mode: int, ctx) -> tuple[int, int]:
-        """(mode, gid) of a new entry: a setgid directory passes on its group,
-        and to subdirectories its setgid bit, as on any POSIX filesystem."""
-        parent = self.store.get_inode(self._ino(parent_inode))
-        if not parent.mode & stat.S_ISGID:
-            return mode, ctx.gid
-        if stat.S_ISDIR(mode):
-            mode |= stat.S_ISGID
-        return mode, parent.gid
-
     def _ctl_entry(self, ino: int) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
         e.st_ino = ino
@@ -188,8 +178,8 @@ class VfsdOperations(pyfuse3.Operations):
         # The kernel keeps size and times of files itself (writeback cache),
         # but not st_blocks: while a file is open its attributes are only
         # trusted for a second, so `du` and `stat` catch up soon after close.
-        e.attr_timeout = (self.OPEN_ATTR_TIMEOUT if inode.ino in self.files.files
-                          else self.entry_timeout)
+        of = self.files.files.get(inode.ino)
+        e.attr_timeout = self.OPEN_ATTR_TIMEOUT if of is not None else self.entry_timeout
         e.st_mode = inode.mode
         e.st_nlink = inode.nlink
         e.st_uid = inode.uid
@@ -200,7 +190,6 @@ class VfsdOperations(pyfuse3.Operations):
         if inode.inline:
             e.st_blocks = -(-inode.size // 512)
         else:
-            of = self.files.files.get(inode.ino)
             nblocks = len(of.blocks.keys() | of.dirty.keys()) if of else inode.nblocks
             e.st_blocks = -(-min(nblocks * self.files.cs, inode.size) // 512)
         e.st_atime_ns = inode.atime_ns
@@ -216,16 +205,16 @@ class VfsdOperations(pyfuse3.Operations):
         self.lookups[inode.ino] = self.lookups.get(inode.ino, 0) + 1
         return self._entry(inode)
 
-    def _maybe_free(self, ino: int) -> None:
-        """Free an inode once it has no names, no kernel references, no handles."""
-        if self.lookups.get(ino, 0) > 0 or ino in self.files.files:
-            return
-        try:
-            inode = self.store.get_inode(ino)
-        except errors.NotFound:
-            return
-        if inode.nlink == 0:
-            self.store.free_inode(ino)
+    def _maybe_free(self, *inos: int) -> None:
+        """Free inodes with no names, no kernel references and no handles.
+
+        One transaction for the lot; the store itself skips any that still
+        have a name.
+        """
+        unused = [ino for ino in inos
+                  if self.lookups.get(ino, 0) <= 0 and ino not in self.files.files]
+        if unused:
+            self.store.free_inodes(unused)
 
     # ----------------------------------------------------------- namespace
 
@@ -239,10 +228,6 @@ class VfsdOperations(pyfuse3.Operations):
         if parent_inode == pyfuse3.ROOT_INODE and name == ctldir.NAME:
             return self._ctl_entry(ctldir.DIR_INO)
         parent = self._ino(parent_inode)
-        if name == b".":
-            return self._remember(self._attrs(parent))
-        if name == b"..":
-            raise pyfuse3.FUSEError(errno.ENOENT)
         try:
             inode = self.store.lookup(parent, name)
         except errors.NotFound:
@@ -258,7 +243,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     async def forget(self, inode_list):
         # Must not raise: it answers no request.
-        done = []
+        forgotten = []
         for fuse_ino, n in inode_list:
             if ctldir.is_ctl(fuse_ino):
                 continue
@@ -268,22 +253,12 @@ class VfsdOperations(pyfuse3.Operations):
                 self.lookups[ino] = left
             else:
                 self.lookups.pop(ino, None)
-                if ino not in self.files.files:
-                    done.append(ino)
-        if not done:
-            return
+                forgotten.append(ino)
         try:
-            # The kernel forgets in batches (after eviction, thousands at once):
-            # one transaction for the batch, and only for inodes without names.
-            self.store.free_inodes([ino for ino in done if self._is_orphan(ino)])
+            # The kernel forgets in batches (after eviction, thousands at once).
+            self._maybe_free(*forgotten)
         except Exception:
-            log.exception("forget_failed", inodes=len(done))
-
-    def _is_orphan(self, ino: int) -> bool:
-        try:
-            return self.store.get_inode(ino).nlink == 0
-        except errors.NotFound:
-            return False
+            log.exception("forget_failed", inodes=len(forgotten))
 
     @_guard
     async def getattr(self, inode, ctx):
@@ -310,37 +285,34 @@ class VfsdOperations(pyfuse3.Operations):
                 if temp:
                     self.files.release(of)
                     of = None
-        inode_rec = of.inode if of else self.store.get_inode(ino)
-        old = inode_rec.copy()
-        changed = False
+        changes = {}
         if fields.update_mode:
-            inode_rec.mode = (inode_rec.mode & ~0o7777) | (attr.st_mode & 0o7777)
-            changed = True
+            changes["mode"] = attr.st_mode
         if fields.update_uid:
-            inode_rec.uid = attr.st_uid
-            changed = True
+            changes["uid"] = attr.st_uid
         if fields.update_gid:
-            inode_rec.gid = attr.st_gid
-            changed = True
+            changes["gid"] = attr.st_gid
         if fields.update_atime:
-            inode_rec.atime_ns = attr.st_atime_ns
-            changed = True
+            changes["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
-            inode_rec.mtime_ns = attr.st_mtime_ns
-            changed = True
-        if changed or fields.update_ctime:
-            inode_rec.ctime_ns = attr.st_ctime_ns if fields.update_ctime else now_ns()
-            if of is not None:
-                # The record in LMDB may lag behind buffered content; write
-                # attributes through but keep the committed size and tier.
-                stored = self.store.get_inode(ino)
-                merged = inode_rec.copy()
-                merged.size, merged.inline, merged.nblocks = stored.size, stored.inline, stored.nblocks
-                merged.step, merged.hash = stored.step, stored.hash
-                self.store.update_inode(merged, stored)
-            else:
-                self.store.update_inode(inode_rec, old)
-        return self._entry(inode_rec)
+            changes["mtime_ns"] = attr.st_mtime_ns
+        if changes or fields.update_ctime:
+            changes["ctime_ns"] = attr.st_ctime_ns if fields.update_ctime else now_ns()
+            return self._entry(self.set_attrs(ino, **changes))
+        return self._entry(self._attrs(ino))
+
+    def set_attrs(self, ino: int, **changes) -> Inode:
+        """Change attributes in the store and in the open file, if any; the result.
+
+        Used by setattr, the user.vfsd.* xattrs and control requests alike.
+        """
+        stored = self.store.set_attrs(ino, **changes)
+        of = self.files.get(ino)
+        if of is None:
+            return stored
+        for name in changes:
+            setattr(of.inode, name, getattr(stored, name))
+        return of.inode
 
     @_guard
     async def readlink(self, inode, ctx):
@@ -354,23 +326,21 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.creates += 1
         if self.reserve_file is not None and stat.S_ISREG(mode):
             self.reserve_file()
-        mode, gid = self._new_owner(parent_inode, mode, ctx)
-        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, gid, rdev)
+        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, ctx.gid, rdev)
         return self._remember(inode)
 
     @_guard
     async def mkdir(self, parent_inode, name, mode, ctx):
         self._new_name(self._ino(parent_inode), name)
-        mode, gid = self._new_owner(parent_inode, stat.S_IFDIR | (mode & 0o7777), ctx)
-        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, gid)
+        inode = self.store.create(self._ino(parent_inode), name,
+                                  stat.S_IFDIR | (mode & 0o7777), ctx.uid, ctx.gid)
         return self._remember(inode)
 
     @_guard
     async def symlink(self, parent_inode, name, target, ctx):
         self._new_name(self._ino(parent_inode), name)
         inode = self.store.create(self._ino(parent_inode), name, stat.S_IFLNK | 0o777,
-                                  ctx.uid, self._new_owner(parent_inode, 0, ctx)[1],
-                                  target=target)
+                                  ctx.uid, ctx.gid, target=target)
         return self._remember(inode)
 
     @_guard
@@ -435,9 +405,9 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.creates += 1
         if self.reserve_file is not None:
             self.reserve_file()
-        mode, gid = self._new_owner(parent_inode, stat.S_IFREG | (mode & 0o7777), ctx)
-        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, gid)
-        self.files.acquire(inode.ino)
+        inode = self.store.create(self._ino(parent_inode), name,
+                                  stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid)
+        self.files.acquire(inode.ino, inode)
         return pyfuse3.FileInfo(fh=inode.ino, keep_cache=True), self._remember(inode)
 
     @_guard
@@ -504,16 +474,6 @@ class VfsdOperations(pyfuse3.Operations):
             self._inval_send.send_nowait((fh, False))
             raise
         n = self.files.write(of, off, buf)
-        if of.inode.size <= self.files.inline_max or end >= of.inode.size:
-            # With no FLUSH at close(), commit as the bytes arrive: close()
-            # waits for the kernel's write-back, so a closed file is in the
-            # store, safe from a daemon crash. Small files commit whole; large
-            # ones commit each chunk as it fills and the tail when a write
-            # reaches the end of the file (a sequential writer's last write).
-            # Writes into the middle of a large file (mmap, dd conv=notrunc)
-            # stay buffered until release or fsync, so one chunk is not
-            # rewritten for every page.
-            self.files.flush(of)
         self.counters.writes += 1
         self.counters.bytes_written += n
         return n
@@ -691,31 +651,25 @@ class VfsdOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)
         if name not in XATTR_RW:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        of = self.files.get(ino)
-        rec = of.inode if of else self.store.get_inode(ino)
-        if not rec.is_reg:
+        if not self._attrs(ino).is_reg:
             raise pyfuse3.FUSEError(errno.EINVAL)
         text = value.decode(errors="replace").strip()
-        stored = self.store.get_inode(ino)
-        new = stored.copy()
         if name == b"user.vfsd.status":
             if text not in STATUS_BY_NAME:
                 raise pyfuse3.FUSEError(errno.EINVAL)
-            new.status = STATUS_BY_NAME[text]
+            self.set_attrs(ino, status=STATUS_BY_NAME[text])
         elif name == b"user.vfsd.pin":
             if text not in ("0", "1", "true", "false"):
                 raise pyfuse3.FUSEError(errno.EINVAL)
-            new.pinned = text in ("1", "true")
+            self.set_attrs(ino, pinned=text in ("1", "true"))
         else:
             try:
-                new.step = int(text)
+                step = int(text)
             except ValueError:
                 raise pyfuse3.FUSEError(errno.EINVAL) from None
-            if new.step < 0:
+            if not 0 <= step < 1 << 63:
                 raise pyfuse3.FUSEError(errno.EINVAL)
-        self.store.update_inode(new, stored)
-        if of is not None:
-            of.inode.status, of.inode.pinned, of.inode.step = new.status, new.pinned, new.step
+            self.set_attrs(ino, step=step)
 
     @_guard
     async def listxattr(self, inode, ctx):

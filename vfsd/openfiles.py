@@ -61,10 +61,12 @@ class OpenFiles:
     def get(self, ino: int) -> OpenFile | None:
         return self.files.get(ino)
 
-    def acquire(self, ino: int) -> OpenFile:
+    def acquire(self, ino: int, inode: Inode | None = None) -> OpenFile:
+        """A handle on the file; `inode` saves reading a record the caller has."""
         of = self.files.get(ino)
         if of is None:
-            inode = self.store.get_inode(ino)
+            if inode is None:
+                inode = self.store.get_inode(ino)
             of = OpenFile(inode, {} if inode.inline else self.store.block_map(ino))
             self.files[ino] = of
         of.handles += 1
@@ -99,7 +101,9 @@ class OpenFiles:
 
     def _inline(self, of: OpenFile) -> bytes:
         if of.inline_data is None:
-            of.inline_data = self.store.read_inline(of.inode.ino)
+            # A file that was empty when committed has nothing to read.
+            of.inline_data = (self.store.read_inline(of.inode.ino) if of.committed_size
+                              else b"")
         return of.inline_data
 
     def uncached_chunks(self, of: OpenFile, off: int, size: int) -> list[bytes]:
@@ -209,9 +213,17 @@ class OpenFiles:
         inode.mtime_ns = inode.ctime_ns = t
         of.attr_dirty = True
         of.version += 1
-        if self.dirty_bytes > self.dirty_limit:
+        if inode.size <= self.inline_max or end >= inode.size \
+                or self.dirty_bytes > self.dirty_limit:
+            # Commit now, as the bytes arrive: close() waits for the kernel's
+            # write-back, so a closed file is in the store, safe from a daemon
+            # crash, with no FLUSH request needed. Small files commit whole;
+            # a sequential writer's writes all reach the end of the file.
             self.flush(of)
-        elif full and inode.size > self.inline_max:
+        elif full:
+            # Writes into the middle of a large file (mmap, dd conv=notrunc)
+            # commit whole chunks only, so a chunk is not rewritten per page;
+            # the rest waits for release or fsync.
             self._flush_blocks(of, full)
         return len(buf)
 
@@ -269,6 +281,7 @@ class OpenFiles:
         committed, hashes = self.store.commit_content(
             of.inode, blocks=blocks, drop_blocks_from=of.drop_from)
         of.drop_from = None
+        of.attr_dirty = False  # the committed record carries the current attributes
         for idx, digest in hashes.items():
             self.dirty_bytes -= len(of.dirty.pop(idx, b""))
             if digest is None:
@@ -326,7 +339,7 @@ class OpenFiles:
             inode = self.store.get_inode(ino)
         if not inode.is_reg:
             raise errors.InvalidArgument("not a regular file")
-        stored = self.store.get_inode(ino)
+        stored = inode  # an open file was just flushed: its record is the stored one
         if stored.hash:
             return stored.hash
         h = xxhash.xxh3_128()

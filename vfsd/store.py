@@ -127,7 +127,7 @@ class Store:
                 raise errors.StoreVersionError(
                     f"{data_file} is empty or truncated: the store is damaged "
                     "(restore it from a backup; refusing to start a new store over its chunks)")
-        elif readonly:
+        elif readonly or not create:
             raise errors.StoreVersionError(f"no vfsd store at {self.dir}")
         elif any((self.dir / "chunks").glob("??/*")):
             raise errors.StoreVersionError(
@@ -338,13 +338,30 @@ class Store:
         with self.env.begin() as txn:
             return txn.get(_u64(ino), db=self.db["inode"]) is not None
 
-    def update_inode(self, inode: Inode, old: Inode | None = None) -> None:
-        """Write attributes back (setattr, status, pin); keeps indexes in step."""
+    #: attributes `set_attrs` may change (content fields go through commit_content)
+    SETTABLE = frozenset({"mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns",
+                          "status", "pinned", "step"})
+
+    def set_attrs(self, ino: int, **changes) -> Inode:
+        """Change some attributes in one transaction; the new record.
+
+        Only the named fields change, so a caller holding newer buffered
+        content (an open file) never writes stale sizes back. Step, status
+        and pin move the file between the step indexes.
+        """
+        bad = set(changes) - self.SETTABLE
+        if bad:
+            raise ValueError(f"not settable: {sorted(bad)}")
         with self.env.begin(write=True) as txn:
-            if old is None:
-                old = self._get_inode(txn, inode.ino)
-            self._reindex(txn, old, inode)
-            self._put_inode(txn, inode)
+            old = self._get_inode(txn, ino)
+            new = old.copy()
+            for name, value in changes.items():
+                if name == "mode":  # the file type never changes
+                    value = (old.mode & ~0o7777) | (value & 0o7777)
+                setattr(new, name, value)
+            self._reindex(txn, old, new)
+            self._put_inode(txn, new)
+        return new
 
     # --------------------------------------------------------- step indexes
 
@@ -405,11 +422,13 @@ class Store:
     @staticmethod
     def _check_name(name: bytes) -> None:
         if len(name) > MAX_NAME:
-            raise errors.NameTooLong()
+            raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
         if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
             raise errors.InvalidArgument(f"bad name {name!r}")
 
     def lookup(self, parent: int, name: bytes) -> Inode:
+        if len(name) > MAX_NAME:
+            raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
         with self.env.begin() as txn:
             raw = txn.get(_u64(parent) + name, db=self.db["dentry"])
             if raw is None:
@@ -455,6 +474,12 @@ class Store:
                 raise errors.Exists()
             ino = self._alloc_ino(txn)
             is_dir = stat.S_ISDIR(mode)
+            if p.mode & stat.S_ISGID:
+                # POSIX: a setgid directory gives new entries its group, and
+                # new subdirectories its setgid bit.
+                gid = p.gid
+                if is_dir:
+                    mode |= stat.S_ISGID
             inode = Inode(ino, self.vol, mode, nlink=2 if is_dir else 1, uid=uid, gid=gid,
                           rdev=rdev, atime_ns=t, mtime_ns=t, ctime_ns=t,
                           gen=secrets.randbits(32), step=self._step(txn))
@@ -641,14 +666,20 @@ class Store:
 
     def resolve_path(self, path: str) -> Inode:
         """Look up a path relative to the volume root (no symlinks followed)."""
-        ino = self.root_ino
-        inode = self.get_inode(ino)
-        for part in path.strip("/").split("/"):
-            if part in ("", "."):
-                continue
-            if part == "..":
-                raise errors.InvalidArgument("'..' is not allowed")
-            inode = self.lookup(inode.ino, part.encode(errors="surrogateescape"))
+        with self.env.begin() as txn:
+            inode = self._get_inode(txn, self.root_ino)
+            for part in path.strip("/").split("/"):
+                if part in ("", "."):
+                    continue
+                if part == "..":
+                    raise errors.InvalidArgument("'..' is not allowed")
+                name = part.encode(errors="surrogateescape")
+                if len(name) > MAX_NAME:
+                    raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
+                raw = txn.get(_u64(inode.ino) + name, db=self.db["dentry"])
+                if raw is None:
+                    raise errors.NotFound(part)
+                inode = self._get_inode(txn, _U64X2.unpack(raw)[0])
         return inode
 
     def readlink(self, ino: int) -> bytes:
