@@ -38,6 +38,10 @@ class Config:
     entry_timeout: float = 3600.0
     max_tasks: int = 16
     metrics_port: int | None = None
+    #: snapshots kept: the last N, and any younger than M steps (0: no age rule);
+    #: pinned ones always
+    snapshot_keep_last: int = 32
+    snapshot_keep_steps: int = 20
 
     def validate(self) -> Config:
         def positive(name: str, value, allow_none: bool = False) -> None:
@@ -47,7 +51,7 @@ class Config:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
 
         for name in ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
-                     "max_tasks"):
+                     "max_tasks", "snapshot_keep_last", "snapshot_keep_steps"):
             positive(name, getattr(self, name))
         for name in ("quota_bytes", "max_files", "metrics_port"):
             positive(name, getattr(self, name), allow_none=True)
@@ -68,6 +72,8 @@ class Config:
             raise ConfigError(f"metrics_port must be between 1 and 65535, got {self.metrics_port}")
         if self.max_tasks < 1:
             raise ConfigError("max_tasks must be at least 1")
+        if self.snapshot_keep_last < 1:
+            raise ConfigError("snapshot_keep_last must be at least 1")
         return self
 
     def as_dict(self) -> dict:

@@ -17,12 +17,11 @@ import stat
 import time
 from collections.abc import Callable
 
-import lmdb
 import pyfuse3
 import structlog
 import trio
 
-from . import ctldir, errors
+from . import ctldir, errors, snapview
 from .inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 from .openfiles import OpenFiles
 from .store import Store, now_ns
@@ -38,8 +37,7 @@ MAX_FILE_SIZE = 1 << 44  # 16 TiB: anything larger is an absurd truncate/write
 def _disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(exc, lmdb.MapFullError) or (
-        isinstance(exc, lmdb.Error) and "No space left" in str(exc))
+    return isinstance(exc, errors.NoSpace)
 
 
 #: Operations that free space: with the disk full, worth releasing the reserve.
@@ -57,9 +55,19 @@ def _guard(fn: Callable) -> Callable:
             except pyfuse3.FUSEError:
                 raise
             except errors.StoreError as exc:
-                if isinstance(exc, errors.CorruptChunk):
-                    log.error("corrupt_chunk", op=fn.__name__, error=str(exc))
-                raise pyfuse3.FUSEError(exc.errno) from None
+                if not _disk_full(exc):
+                    if isinstance(exc, errors.Corrupt):
+                        log.error("store_damaged", op=fn.__name__, error=str(exc))
+                    elif exc.errno == errno.EIO:
+                        log.error("store_error", op=fn.__name__, error=str(exc))
+                    raise pyfuse3.FUSEError(exc.errno) from None
+                # Fall through to the disk-full handling below.
+                if attempt == 0 and fn.__name__ in _FREEING_OPS and \
+                        self.store.release_reserve():
+                    log.warning("store_disk_full_reserve_released", op=fn.__name__)
+                    continue
+                log.warning("store_disk_full", op=fn.__name__, error=str(exc))
+                raise pyfuse3.FUSEError(errno.ENOSPC) from None
             except Exception as exc:
                 if not _disk_full(exc):
                     log.exception("handler_failed", op=fn.__name__)
@@ -120,6 +128,8 @@ class VfsdOperations(pyfuse3.Operations):
         # `.vfsd/` answers lookups by name but is left out of readdir of the
         # root, so `ls`, `find` and `grep -r` over the mount never trip on it.
         self.ctl = ctldir.ControlDir()
+        # `.vfsd/snapshots/`: retained snapshots, read-only (set by the daemon).
+        self.snapview: snapview.SnapshotView | None = None
         # Attribute invalidations go through a worker thread (see run_invalidator):
         # the kernel call may block, and a handler must never block the loop.
         self._inval_send, self._inval_recv = trio.open_memory_channel(math.inf)
@@ -127,25 +137,17 @@ class VfsdOperations(pyfuse3.Operations):
     # ------------------------------------------------------------- helpers
 
     def _ino(self, fuse_ino: int) -> int:
-        """Store inode number for a FUSE one (the volume root is FUSE inode 1).
+        """Store inode number for a FUSE one (the same number; the root is 1).
 
         The virtual `.vfsd/` inodes are refused here: every handler that does
         not serve them explicitly treats them as read-only.
         """
         if fuse_ino >= ctldir.BASE:
             raise pyfuse3.FUSEError(errno.EROFS)
-        if fuse_ino == pyfuse3.ROOT_INODE:
-            return self.root
-        if fuse_ino == self.root:
-            return pyfuse3.ROOT_INODE
         return fuse_ino
 
-    def _fuse_ino(self, ino: int) -> int:
-        # The mapping is a swap, so it is its own inverse.
-        if ino == self.root:
-            return pyfuse3.ROOT_INODE
-        if ino == pyfuse3.ROOT_INODE:
-            return self.root
+    @staticmethod
+    def _fuse_ino(ino: int) -> int:
         return ino
 
     def _new_name(self, parent: int, name: bytes) -> None:
@@ -187,11 +189,8 @@ class VfsdOperations(pyfuse3.Operations):
         e.st_rdev = inode.rdev
         e.st_size = inode.size
         e.st_blksize = 128 * 1024
-        if inode.inline:
-            e.st_blocks = -(-inode.size // 512)
-        else:
-            nblocks = len(of.blocks.keys() | of.dirty.keys()) if of else inode.nblocks
-            e.st_blocks = -(-min(nblocks * self.files.cs, inode.size) // 512)
+        nblocks = len(of.blocks.keys() | of.dirty.keys()) if of else inode.nblocks
+        e.st_blocks = -(-min(nblocks * self.files.cs, inode.size) // 512)
         e.st_atime_ns = inode.atime_ns
         e.st_mtime_ns = inode.mtime_ns
         e.st_ctime_ns = inode.ctime_ns
@@ -221,9 +220,13 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode, name, ctx):
         self.counters.lookups += 1
+        if parent_inode == snapview.DIR_INO or snapview.is_snap(parent_inode):
+            return self._snapview().lookup(parent_inode, name)
         if parent_inode == ctldir.DIR_INO:
             if name in ctldir.FILES:
                 return self._ctl_entry(ctldir.FILES[name])
+            if name == snapview.NAME and self.snapview is not None:
+                return self.snapview.dir_entry()
             raise pyfuse3.FUSEError(errno.ENOENT)
         if parent_inode == pyfuse3.ROOT_INODE and name == ctldir.NAME:
             return self._ctl_entry(ctldir.DIR_INO)
@@ -260,8 +263,15 @@ class VfsdOperations(pyfuse3.Operations):
         except Exception:
             log.exception("forget_failed", inodes=len(forgotten))
 
+    def _snapview(self) -> snapview.SnapshotView:
+        if self.snapview is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.snapview
+
     @_guard
     async def getattr(self, inode, ctx):
+        if inode == snapview.DIR_INO or snapview.is_snap(inode):
+            return self._snapview().getattr(inode)
         if ctldir.is_ctl(inode):
             return self._ctl_entry(inode)
         return self._entry(self._attrs(self._ino(inode)))
@@ -316,6 +326,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def readlink(self, inode, ctx):
+        if snapview.is_snap(inode):
+            return self._snapview().readlink(inode)
         return self.store.readlink(self._ino(inode))
 
     @_guard
@@ -382,6 +394,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def open(self, inode, flags, ctx):
+        if snapview.is_snap(inode):
+            return self._snapview().open(inode, flags)
         if ctldir.is_ctl(inode):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
                 raise pyfuse3.FUSEError(errno.EROFS)
@@ -412,6 +426,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh, off, size):
+        if fh > snapview.FH_BASE:
+            return await self._snapview().read(fh, off, size)
         if fh > ctldir.BASE:
             return self.ctl.read(fh, off, size)
         of = self.files.get(fh)
@@ -530,6 +546,9 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def release(self, fh):
+        if fh > snapview.FH_BASE:
+            self._snapview().release(fh)
+            return
         if fh > ctldir.BASE:
             self.ctl.release(fh)
             return
@@ -555,6 +574,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def opendir(self, inode, ctx):
+        if inode == snapview.DIR_INO or snapview.is_snap(inode):
+            return self._snapview().opendir(inode)
         if inode == ctldir.DIR_INO:
             return inode
         ino = self._ino(inode)
@@ -564,10 +585,15 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def readdir(self, fh, start_id, token):
+        if fh == snapview.DIR_INO or snapview.is_snap(fh):
+            self._snapview().readdir(fh, start_id, token)
+            return
         if fh == ctldir.DIR_INO:
-            for i, (name, ino) in enumerate(ctldir.FILES.items()):
-                if i >= start_id and not pyfuse3.readdir_reply(
-                        token, name, self._ctl_entry(ino), i + 1):
+            items = [(name, self._ctl_entry(ino)) for name, ino in ctldir.FILES.items()]
+            if self.snapview is not None:
+                items.append((snapview.NAME, self.snapview.dir_entry()))
+            for i, (name, entry) in enumerate(items):
+                if i >= start_id and not pyfuse3.readdir_reply(token, name, entry, i + 1):
                     return
             return
         after = start_id
@@ -626,9 +652,7 @@ class VfsdOperations(pyfuse3.Operations):
                 if name == b"user.vfsd.hash":
                     return self.files.content_hash(ino).hex().encode()
                 if name == b"user.vfsd.tier":
-                    of = self.files.get(ino)
-                    inline = rec.size <= self.files.inline_max if of else rec.inline
-                    return b"inline" if inline else b"chunked"
+                    return b"inline" if rec.size <= self.files.inline_max else b"chunked"
         value = self.store.get_xattr(ino, name)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
