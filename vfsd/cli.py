@@ -55,6 +55,9 @@ def _config_options(fn):
         click.option("--entry-timeout", type=float, help="Kernel entry/attribute cache seconds [3600]."),
         click.option("--max-tasks", type=int, help="FUSE requests handled concurrently [16]."),
         click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT."),
+        click.option("--xattr-reads/--no-xattr-reads", default=None,
+                     help="Answer getxattr (costs a round trip per write(); off: read "
+                          "attributes from .vfsd/attr/PATH) [off]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -63,7 +66,7 @@ def _config_options(fn):
 
 _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
                 "quota_bytes", "max_files", "durability", "log_level", "allow_other",
-                "entry_timeout", "max_tasks", "metrics_port")
+                "entry_timeout", "max_tasks", "metrics_port", "xattr_reads")
 
 
 @cli.command()

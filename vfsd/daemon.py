@@ -102,7 +102,8 @@ class Daemon:
         files = OpenFiles(self.store, chunk_size=self.config.chunk_size,
                           inline_max=self.config.inline_max)
         self.ops = VfsdOperations(self.store, files, entry_timeout=self.config.entry_timeout,
-                                  durability=self.config.durability)
+                                  durability=self.config.durability,
+                                  xattr_reads=self.config.xattr_reads)
         self.evictor = Evictor(self.store, self.ops, self.config)
         self.ops.ctl.renderers = {
             ctldir.FILES[b"status.json"]: self._render_status,
