@@ -135,7 +135,8 @@ class Assets:
         self._wheels()
 
     def _tree(self, n: int) -> None:
-        if (self.tree / ".complete").exists():
+        stamp = self.tree.with_suffix(".complete")
+        if stamp.exists():
             return
         self.log(f"assets: copying a {n}-file source tree to {self.tree}")
         shutil.rmtree(self.tree, ignore_errors=True)
@@ -158,7 +159,7 @@ class Assets:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dest)
             os.chmod(dest, 0o644)
-        (self.tree / ".complete").write_text(str(len(picked)))
+        stamp.write_text(str(len(picked)))
 
     def _tarball(self) -> None:
         if self.tarball.exists():
@@ -166,7 +167,7 @@ class Assets:
         self.log(f"assets: {self.tarball}")
         tmp = self.tarball.with_suffix(".tmp")
         run(["tar", "czf", str(tmp), "--sort=name", "--mtime=2025-01-01", "--owner=0",
-             "--group=0", "--numeric-owner", "--exclude=.complete", "-C", str(self.tree), "."],
+             "--group=0", "--numeric-owner", "-C", str(self.tree), "."],
             cwd=self.cache)
         tmp.rename(self.tarball)
 
@@ -177,7 +178,7 @@ class Assets:
         shutil.rmtree(self.repo, ignore_errors=True)
         work = self.cache / "repo-work"
         shutil.rmtree(work, ignore_errors=True)
-        shutil.copytree(self.tree, work, ignore=shutil.ignore_patterns(".complete"))
+        shutil.copytree(self.tree, work)
         run(["git", "init", "-q", "-b", "main"], cwd=work, env=GIT_ENV)
         # Three commits, so a clone has history to pack and walk.
         files = sorted(p for p in work.rglob("*") if p.is_file() and ".git" not in p.parts)
@@ -244,7 +245,7 @@ def wl_git(d: Path, a: Assets, _s: dict) -> Outcome:
     ]
     seconds, phases = timed_steps(steps)
     head = run(["git", "rev-parse", "HEAD"], cwd=clone, env=GIT_ENV).strip()
-    run(["git", "fsck", "-q"], cwd=clone, env=GIT_ENV)
+    run(["git", "fsck", "--no-progress"], cwd=clone, env=GIT_ENV)
     work = tree_digest(clone, lambda rel: rel.startswith(".git"))
     return Outcome(seconds, f"HEAD {head[:12]}, {work}", phases)
 
@@ -650,9 +651,10 @@ class Runner:
 
     def daemon_counters(self) -> dict:
         try:
-            return self.mount.status().get("counters", {})
+            doc = self.mount.status()
         except Exception:  # noqa: BLE001 - an older daemon may not answer the same way
             return {}
+        return {**doc.get("counters", {}), "requests": doc.get("requests", {})}
 
     def run_one(self, key: str, side: str, rep: int) -> tuple[Outcome, dict]:
         root = self.native if side == "native" else self.mount.root
