@@ -141,3 +141,28 @@ def test_tools_copy_files_without_xattr_errors(run, tmp_path):
         assert (proc.returncode, proc.stderr) == (0, ""), cmd
     assert (outside / "f").read_bytes() == b"content\n"
     assert (root / "cpa" / "f").read_bytes() == b"content\n"
+
+
+def test_unlink_costs_no_attribute_write_for_the_dead_inode(run):
+    """The kernel's ctime flush after unlink() is answered without an LMDB write."""
+    d = run.root / "d"
+    d.mkdir()
+    for i in range(20):
+        (d / f"f{i}").write_bytes(b"x")
+    before = run.status()
+    for i in range(20):
+        os.unlink(d / f"f{i}")
+    os.listdir(d)  # the kernel has answered every unlink by now
+    after = run.status()
+    sent = after["requests"].get("setattr", 0) - before["requests"].get("setattr", 0)
+    txns = after["counters"]["lmdb_write_txns"] - before["counters"]["lmdb_write_txns"]
+    # unlink and the freeing at forget; the ctime flush (when the kernel sends
+    # one) writes nothing.
+    assert txns <= 2 * 20, (txns, sent)
+    assert sorted(os.listdir(d)) == []
+    # An unlinked file still open keeps its attributes working.
+    with open(d / "open", "wb") as f:
+        os.unlink(d / "open")
+        f.write(b"still here")
+        os.utime(f.fileno(), ns=(10**9, 2 * 10**9))
+        assert os.fstat(f.fileno()).st_mtime_ns == 2 * 10**9

@@ -43,6 +43,9 @@ def _disk_full(exc: BaseException) -> bool:
         isinstance(exc, lmdb.Error) and "No space left" in str(exc))
 
 
+#: Inode fields a times-only SETATTR changes.
+_TIMES = frozenset({"atime_ns", "mtime_ns", "ctime_ns"})
+
 #: Operations that free space: with the disk full, worth releasing the reserve.
 _FREEING_OPS = frozenset({"unlink", "rmdir", "rename", "setattr", "removexattr"})
 
@@ -356,6 +359,15 @@ class VfsdOperations(pyfuse3.Operations):
             changes["mtime_ns"] = attr.st_mtime_ns
         if changes or fields.update_ctime:
             changes["ctime_ns"] = attr.st_ctime_ns if fields.update_ctime else now_ns()
+            if of is None and changes.keys() <= _TIMES:
+                current = self.store.get_inode(ino)
+                if current.nlink == 0:
+                    # Under the writeback cache the kernel flushes the ctime that
+                    # unlink() changed before it forgets the inode, which is then
+                    # freed: nothing worth an LMDB transaction (one per unlink).
+                    for name, value in changes.items():
+                        setattr(current, name, value)
+                    return self._entry(current)
             return self._entry(self.set_attrs(ino, **changes))
         return self._entry(self._attrs(ino))
 
