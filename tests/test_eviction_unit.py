@@ -16,9 +16,9 @@ import pytest
 from test_store import CountingEnv
 
 from vfsd import errors
-from vfsd.filehash import bytes_hash
 from vfsd.config import Config
 from vfsd.eviction import Evictor
+from vfsd.filehash import bytes_hash
 from vfsd.inode import STATUS_DONE
 from vfsd.openfiles import OpenFiles
 from vfsd.store import Store

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from vfsd import eventlog
-from vfsd import errors
+from vfsd import errors, eventlog
 from vfsd.errors import StoreLocked
 from vfsd.inode import STATUS_DONE
 from vfsd.openfiles import OpenFiles

@@ -58,6 +58,9 @@ def _config_options(fn):
         click.option("--snapshot-keep-last", type=int, help="Snapshots kept, newest first [32]."),
         click.option("--snapshot-keep-steps", type=int,
                      help="Also keep snapshots younger than this many steps (0: off) [20]."),
+        click.option("--xattr-reads/--no-xattr-reads", default=None,
+                     help="Answer getxattr (costs a round trip per write(); off: read "
+                          "attributes from .vfsd/attr/PATH) [off]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -67,7 +70,7 @@ def _config_options(fn):
 _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
                 "quota_bytes", "max_files", "durability", "log_level", "allow_other",
                 "entry_timeout", "max_tasks", "metrics_port", "snapshot_keep_last",
-                "snapshot_keep_steps")
+                "snapshot_keep_steps", "xattr_reads")
 
 
 @cli.command()

@@ -42,6 +42,7 @@ class Config:
     #: pinned ones always
     snapshot_keep_last: int = 32
     snapshot_keep_steps: int = 20
+    xattr_reads: bool = False
 
     def validate(self) -> Config:
         def positive(name: str, value, allow_none: bool = False) -> None:
@@ -65,6 +66,8 @@ class Config:
             raise ConfigError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if not isinstance(self.allow_other, bool):
             raise ConfigError("allow_other must be true or false")
+        if not isinstance(self.xattr_reads, bool):
+            raise ConfigError("xattr_reads must be true or false")
         if isinstance(self.entry_timeout, bool) or \
                 not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
             raise ConfigError("entry_timeout must be a non-negative number of seconds")

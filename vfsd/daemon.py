@@ -111,7 +111,8 @@ class Daemon:
         files = OpenFiles(self.store, chunk_size=self.config.chunk_size,
                           inline_max=self.config.inline_max)
         self.ops = VfsdOperations(self.store, files, entry_timeout=self.config.entry_timeout,
-                                  durability=self.config.durability)
+                                  durability=self.config.durability,
+                                  xattr_reads=self.config.xattr_reads)
         self.evictor = Evictor(self.store, self.ops, self.config)
         self.snapshots = Snapshots(self.store, keep_last=self.config.snapshot_keep_last,
                                    keep_steps=self.config.snapshot_keep_steps)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import math
 import os
 import stat
@@ -40,6 +41,9 @@ def _disk_full(exc: BaseException) -> bool:
     return isinstance(exc, errors.NoSpace)
 
 
+#: Inode fields a times-only SETATTR changes.
+_TIMES = frozenset({"atime_ns", "mtime_ns", "ctime_ns"})
+
 #: Operations that free space: with the disk full, worth releasing the reserve.
 _FREEING_OPS = frozenset({"unlink", "rmdir", "rename", "setattr", "removexattr"})
 
@@ -47,8 +51,12 @@ _FREEING_OPS = frozenset({"unlink", "rmdir", "rename", "setattr", "removexattr"}
 def _guard(fn: Callable) -> Callable:
     """Map storage errors to errnos and anything unexpected to EIO (logged)."""
 
+    op = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self, *args):
+        requests = self.counters.requests
+        requests[op] = requests.get(op, 0) + 1
         for attempt in (0, 1):
             try:
                 return await fn(self, *args)
@@ -85,17 +93,22 @@ def _guard(fn: Callable) -> Callable:
 
 
 class Counters:
-    """Live operation counters shown by `vfsd status`."""
+    """Live operation counters shown by `vfsd status`.
+
+    `requests` counts FUSE requests by handler name (a dict increment per
+    request), so a benchmark can say how many round trips an operation cost.
+    """
 
     __slots__ = ("bytes_read", "bytes_written", "reads", "writes", "lookups",
-                 "creates", "unlinks")
+                 "creates", "unlinks", "requests")
 
     def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
+        self.requests: dict[str, int] = {}
 
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in self.__slots__ if name != "requests"}
 
 
 class VfsdOperations(pyfuse3.Operations):
@@ -109,8 +122,14 @@ class VfsdOperations(pyfuse3.Operations):
     OPEN_ATTR_TIMEOUT = 1.0
 
     def __init__(self, store: Store, openfiles: OpenFiles, *, entry_timeout: float = 3600.0,
-                 durability: str = "fsync", quota=None) -> None:
+                 durability: str = "fsync", quota=None, xattr_reads: bool = False) -> None:
         super().__init__()
+        # False: getxattr answers ENOSYS, so the kernel stops sending it for
+        # good, including the security.capability query it makes before every
+        # write() under the writeback cache (libfuse 3.14 cannot negotiate the
+        # flag that would mark the superblock SB_NOSEC). Attributes are read
+        # through `.vfsd/attr/PATH` instead; setxattr and listxattr still work.
+        self.xattr_reads = xattr_reads
         self.store = store
         self.files = openfiles
         self.root = store.root_ino
@@ -155,7 +174,31 @@ class VfsdOperations(pyfuse3.Operations):
         if parent == self.root and name == ctldir.NAME:
             raise pyfuse3.FUSEError(errno.EEXIST)
 
-    def _ctl_entry(self, ino: int) -> pyfuse3.EntryAttributes:
+    def _mirror_lookup(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
+        """Lookup below `.vfsd/attr/`: directories and regular files of the tree."""
+        try:
+            inode = self.store.lookup(parent, name)
+        except errors.NotFound:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+        if not (inode.is_dir or inode.is_reg):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._ctl_entry(ctldir.mirror_of(inode.ino), self._attrs(inode.ino))
+
+    def attr_document(self, ino: int) -> dict:
+        """The vfsd attributes of a regular file, as `.vfsd/attr/PATH` shows them."""
+        rec = self._attrs(ino)
+        of = self.files.get(ino)
+        inline = rec.size <= self.files.inline_max if of else rec.inline
+        xattrs = {name.decode(errors="backslashreplace"):
+                  (self.store.get_xattr(ino, name) or b"").decode(errors="backslashreplace")
+                  for name in self.store.list_xattrs(ino)}
+        return {"path": self.store.path_of(ino), "ino": ino, "gen": rec.gen, "size": rec.size,
+                "step": rec.step, "status": STATUS_NAMES[rec.status], "pin": rec.pinned,
+                "hash": self.files.content_hash(ino).hex(),
+                "tier": "inline" if inline else "chunked", "mtime_ns": rec.mtime_ns,
+                "xattrs": xattrs}
+
+    def _ctl_entry(self, ino: int, mirrored: Inode | None = None) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
         e.st_ino = ino
         e.entry_timeout = self.entry_timeout
@@ -164,7 +207,20 @@ class VfsdOperations(pyfuse3.Operations):
         e.st_uid, e.st_gid = root.uid, root.gid
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now_ns()
         e.st_blksize = 4096
-        if ino == ctldir.DIR_INO:
+        if ctldir.is_mirror(ino):
+            # Names below `.vfsd/attr/` follow the real tree, which the kernel
+            # does not know they depend on: never cached.
+            e.entry_timeout = 0
+            if mirrored is None:
+                mirrored = self._attrs(ctldir.mirrored(ino))
+            e.st_uid, e.st_gid = mirrored.uid, mirrored.gid
+            e.st_mtime_ns = e.st_ctime_ns = mirrored.ctime_ns
+            if mirrored.is_dir:
+                e.st_mode, e.st_nlink = ctldir.DIR_MODE, 2
+            else:
+                # Rendered when opened (direct I/O, like /proc): size unknown.
+                e.st_mode, e.st_nlink = ctldir.FILE_MODE, 1
+        elif ino == ctldir.DIR_INO:
             e.st_mode, e.st_nlink = ctldir.DIR_MODE, 2
         else:
             e.st_mode, e.st_nlink = ctldir.FILE_MODE, 1
@@ -222,9 +278,13 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.lookups += 1
         if parent_inode == snapview.DIR_INO or snapview.is_snap(parent_inode):
             return self._snapview().lookup(parent_inode, name)
+        if ctldir.is_mirror(parent_inode):
+            return self._mirror_lookup(ctldir.mirrored(parent_inode), name)
         if parent_inode == ctldir.DIR_INO:
             if name in ctldir.FILES:
                 return self._ctl_entry(ctldir.FILES[name])
+            if name == ctldir.ATTR_NAME:
+                return self._ctl_entry(ctldir.mirror_of(self.root))
             if name == snapview.NAME and self.snapview is not None:
                 return self.snapview.dir_entry()
             raise pyfuse3.FUSEError(errno.ENOENT)
@@ -246,6 +306,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     async def forget(self, inode_list):
         # Must not raise: it answers no request.
+        self.counters.requests["forget"] = self.counters.requests.get("forget", 0) + 1
         forgotten = []
         for fuse_ino, n in inode_list:
             if ctldir.is_ctl(fuse_ino):
@@ -308,6 +369,15 @@ class VfsdOperations(pyfuse3.Operations):
             changes["mtime_ns"] = attr.st_mtime_ns
         if changes or fields.update_ctime:
             changes["ctime_ns"] = attr.st_ctime_ns if fields.update_ctime else now_ns()
+            if of is None and changes.keys() <= _TIMES:
+                current = self.store.get_inode(ino)
+                if current.nlink == 0:
+                    # Under the writeback cache the kernel flushes the ctime that
+                    # unlink() changed before it forgets the inode, which is then
+                    # freed: nothing worth an LMDB transaction (one per unlink).
+                    for name, value in changes.items():
+                        setattr(current, name, value)
+                    return self._entry(current)
             return self._entry(self.set_attrs(ino, **changes))
         return self._entry(self._attrs(ino))
 
@@ -401,6 +471,13 @@ class VfsdOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EROFS)
             if inode == ctldir.DIR_INO:
                 raise pyfuse3.FUSEError(errno.EISDIR)
+            if ctldir.is_mirror(inode):
+                ino = ctldir.mirrored(inode)
+                if not self._attrs(ino).is_reg:
+                    raise pyfuse3.FUSEError(errno.EISDIR)
+                doc = json.dumps(self.attr_document(ino)).encode() + b"\n"
+                return pyfuse3.FileInfo(fh=self.ctl.open_bytes(doc), direct_io=True,
+                                        keep_cache=False)
             return pyfuse3.FileInfo(fh=self.ctl.open(inode), direct_io=True, keep_cache=False)
         ino = self._ino(inode)
         of = self.files.acquire(ino)
@@ -578,6 +655,10 @@ class VfsdOperations(pyfuse3.Operations):
             return self._snapview().opendir(inode)
         if inode == ctldir.DIR_INO:
             return inode
+        if ctldir.is_mirror(inode):
+            if not self._attrs(ctldir.mirrored(inode)).is_dir:
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            return inode
         ino = self._ino(inode)
         if not self.store.get_inode(ino).is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -590,11 +671,25 @@ class VfsdOperations(pyfuse3.Operations):
             return
         if fh == ctldir.DIR_INO:
             items = [(name, self._ctl_entry(ino)) for name, ino in ctldir.FILES.items()]
+            items.append((ctldir.ATTR_NAME, self._ctl_entry(ctldir.mirror_of(self.root))))
             if self.snapview is not None:
                 items.append((snapview.NAME, self.snapview.dir_entry()))
             for i, (name, entry) in enumerate(items):
                 if i >= start_id and not pyfuse3.readdir_reply(token, name, entry, i + 1):
                     return
+            return
+        if ctldir.is_mirror(fh):
+            after = start_id
+            while batch := self.store.readdir(ctldir.mirrored(fh), after):
+                for cookie, name, inode in batch:
+                    after = cookie
+                    if not (inode.is_dir or inode.is_reg):
+                        continue
+                    # The kernel counts lookups of these too; forget ignores them.
+                    if not pyfuse3.readdir_reply(
+                            token, name, self._ctl_entry(ctldir.mirror_of(inode.ino), inode),
+                            cookie):
+                        return
             return
         after = start_id
         while True:
@@ -637,6 +732,8 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def getxattr(self, inode, name, ctx):
+        if not self.xattr_reads:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         if ctldir.is_ctl(inode):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         ino = self._ino(inode)
@@ -697,7 +794,10 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def listxattr(self, inode, ctx):
-        if ctldir.is_ctl(inode):
+        if ctldir.is_ctl(inode) or not self.xattr_reads:
+            # Nothing is listed that getxattr cannot read: cp -a, tar --xattrs
+            # and rsync -X then copy no attributes, silently, instead of
+            # failing on every name.
             return []
         ino = self._ino(inode)
         names = self.store.list_xattrs(ino)

@@ -25,13 +25,14 @@ from .store import MAX_INO, ROOT_INO
 
 NAME = b"snapshots"
 DIR_INO = ctldir.BASE + 16
-SNAP_BASE = ctldir.BASE | (1 << 61)
+SNAP_BASE = ctldir.BASE + (1 << 60)
 SLOT_BITS = 20
+#: file handles of snapshot files (the control directory's count up from BASE)
 FH_BASE = SNAP_BASE
 
 
 def is_snap(ino: int) -> bool:
-    return ino >= SNAP_BASE
+    return SNAP_BASE <= ino < ctldir.MIRROR_BASE
 
 
 class SnapshotView:

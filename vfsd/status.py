@@ -50,7 +50,10 @@ def live_status(daemon) -> dict:
         "counters": {**ops.counters.as_dict(), "evicted": ev.evicted_total,
                      "enospc": ev.enospc_total,
                      "chunk_cache_hits": daemon.store.chunks.cache_hits,
-                     "chunk_cache_misses": daemon.store.chunks.cache_misses},
+                     "chunk_cache_misses": daemon.store.chunks.cache_misses,
+                     # LMDB's last transaction id: write transactions so far.
+                     "lmdb_write_txns": daemon.store.env.info()["last_txnid"]},
+        "requests": dict(ops.counters.requests),  # FUSE requests by handler
         "config": daemon.config.as_dict(),
     })
     return doc
