@@ -69,6 +69,8 @@ def non_defaults(alt: bool = False) -> dict:
         "max_tasks": 4 if alt else 8,
         "metrics_port": free_port(),
         "xattr_reads": not alt,
+        "snapshot_keep_last": 9 if alt else 5,
+        "snapshot_keep_steps": 0 if alt else 7,
     }
     assert set(values) == set(option_names()), "a new option needs a test value here"
     defaults = Config().as_dict()

@@ -17,9 +17,10 @@ import threading
 from pathlib import Path
 
 import pytest
-import xxhash
 from ctl import Conn, call, connect, error, sock_path
 from vfsdattr import vfsd_attr
+
+from mount_tool.refs import content_hash
 
 pytestmark = pytest.mark.fuse
 
@@ -28,7 +29,7 @@ RECORD_KEYS = {"path", "ino", "gen", "hash", "size", "step", "evicted_step", "re
 
 
 def h(data: bytes) -> str:
-    return xxhash.xxh3_128(data).hexdigest()
+    return content_hash(data)
 
 
 def assert_pong(conn: Conn) -> None:

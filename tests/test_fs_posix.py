@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-import xxhash
+
+from mount_tool.refs import content_hash
 
 pytestmark = pytest.mark.fuse
 
@@ -532,8 +533,8 @@ def test_vfsd_xattrs(xattr_run):
 
     assert os.getxattr(root / "s", "user.vfsd.tier") == b"inline"
     assert os.getxattr(root / "b", "user.vfsd.tier") == b"chunked"
-    assert os.getxattr(root / "s", "user.vfsd.hash").decode() == xxhash.xxh3_128_hexdigest(small)
-    assert os.getxattr(root / "b", "user.vfsd.hash").decode() == xxhash.xxh3_128_hexdigest(big)
+    assert os.getxattr(root / "s", "user.vfsd.hash").decode() == content_hash(small)
+    assert os.getxattr(root / "b", "user.vfsd.hash").decode() == content_hash(big)
     assert _getfattr("user.vfsd.status", "s", root) == b"active"
     assert _getfattr("user.vfsd.pin", "s", root) == b"0"
 
@@ -558,7 +559,7 @@ def test_vfsd_xattrs(xattr_run):
         out.write(b"more")
     assert int(os.getxattr(root / "b", "user.vfsd.step")) == step0 + 5
     assert int(os.getxattr(root / "s", "user.vfsd.step")) == step0
-    assert os.getxattr(root / "b", "user.vfsd.hash").decode() == xxhash.xxh3_128_hexdigest(
+    assert os.getxattr(root / "b", "user.vfsd.hash").decode() == content_hash(
         big + b"more"
     )
 
@@ -568,6 +569,6 @@ def test_vfsd_xattrs(xattr_run):
     assert os.getxattr(root / "s", "user.vfsd.tier") == b"chunked"
     os.truncate(root / "s", 10)
     assert os.getxattr(root / "s", "user.vfsd.tier") == b"inline"
-    assert os.getxattr(root / "s", "user.vfsd.hash").decode() == xxhash.xxh3_128_hexdigest(
+    assert os.getxattr(root / "s", "user.vfsd.hash").decode() == content_hash(
         small[:10]
     )

@@ -490,7 +490,7 @@ def test_deleted_chunk_reads_eio_and_fsck_reports(tampered):
     assert blocks[0] == data["gone"][:MiB]
     assert blocks[1] == errno.EIO
     assert blocks[2] == data["gone"][2 * MiB :]
-    assert "corrupt_chunk" in run.log_text()
+    assert "store_damaged" in run.log_text()
     assert call(run.run_dir, "ping")["pong"]
     run.umount()
     code, report = fsck(run)
@@ -507,7 +507,7 @@ def test_altered_chunk_never_returns_wrong_bytes(tampered):
     blocks = read_blocks(run.root / "altered")
     assert blocks[0] == data["altered"][:MiB]
     assert blocks[1] == errno.EIO, "read returned bytes that are not the file's"
-    assert "corrupt_chunk" in run.log_text()
+    assert "store_damaged" in run.log_text()
 
 
 # ------------------------------------------------------------ mount targets

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 import pytest
-import xxhash
 from conftest import MountedRun, is_mounted, vfsd_cli
 from ctl import connect
+
+from mount_tool.refs import content_hash
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
@@ -81,10 +82,11 @@ def check_log(data):
 WRITER = (
     FORMATS
     + r"""
-import xxhash
+from mount_tool.refs import content_hash
+CHUNK = 256 * 1024  # the mount's --chunk-size: file hashes depend on it
 root, tag, seed, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 rng = random.Random(seed)
-files = {}   # final path -> [sha256, xxh3] of what was last renamed there, or None (unlinked)
+files = {}   # final path -> [sha256, file hash] of what was last renamed there, or None (unlinked)
 logs = {}    # log path -> last sequence number appended
 seq = 0
 counts = {}
@@ -114,7 +116,7 @@ def replace():
     except FileNotFoundError:
         count("tmp_evicted")  # eviction took the temporary: the old final stays
         return
-    files[final] = [hashlib.sha256(data).hexdigest(), xxhash.xxh3_128_hexdigest(data)]
+    files[final] = [hashlib.sha256(data).hexdigest(), content_hash(data, CHUNK), len(data)]
     count("replaced")
 
 def append():
@@ -315,7 +317,7 @@ def test_writers_readers_and_eviction(stress_run: MountedRun):
                 assert not path.exists(), f"{rel} was unlinked but is there"
             elif path.exists():
                 data = path.read_bytes()
-                assert xxhash.xxh3_128_hexdigest(data) == expect[1], f"{rel}: lost update"
+                assert content_hash(data, 256 * 1024) == expect[1], f"{rel}: lost update"
                 checked += 1
             else:
                 assert (f"shared/{rel}", expect[1]) in evicted, f"{rel} vanished without eviction"

@@ -152,7 +152,8 @@ def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
                     if any(ref[:16] in damaged for ref in blocks.values()):
                         view = store.view(volume.name)
                         path = view._path_in(txn, ino) or f"<inode {ino}>"
-                        rep.damaged_files.append(f"{volume.name}: {path}")
+                        rep.damaged_files.append(
+                            path if len(vols) == 1 else f"{volume.name}: {path}")
         index_fix, counter_fix = _check_indexes(store, txn, vols, rep)
         rep.stats = {"inodes": sum(len(v.inodes) for v in vols.values()),
                      "content_referenced": len(refs_found),
