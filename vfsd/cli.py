@@ -176,8 +176,8 @@ def _client(run: RunDir) -> ControlClient:
         _fail(f"{exc}; is {run.path} mounted?")
 
 
-def _call(run_dir: Path, op: str, **args) -> dict:
-    run = RunDir(run_dir)
+def _call(run_path: Path, op: str, /, **args) -> dict:
+    run = RunDir(run_path)
     with _client(run) as c:
         try:
             return c.call(op, **args)

@@ -688,6 +688,11 @@ class Snapshots:
                 targets[okey] = got[1] if got else b""
             dentries = [k for k in okeys if k[:1] == b"d"]
             inodes = [k for k in okeys if k[:1] == b"i"]
+            # Under the writeback cache the kernel keeps its own size of a file
+            # it has in memory: the only way to make it forget is to drop every
+            # name of a changed inode, so it looks the inode up afresh.
+            names_before = {ino: st._names_of(txn, ino)
+                            for ino in (_U64.unpack(k[1:9])[0] for k in inodes)}
             # Names that must go or change first, so inodes can be set freely.
             for okey in dentries:
                 parent, name = _U64.unpack(okey[1:9])[0], okey[10:]
@@ -709,12 +714,16 @@ class Snapshots:
                     st._add_entry(txn, parent, name, _U64.unpack(target)[0])
                     if (parent, name) not in touched_dentries:
                         touched_dentries.append((parent, name))
+            kernel_names = dict.fromkeys(touched_dentries)
+            for ino in touched_inodes:
+                kernel_names.update(dict.fromkeys(names_before[ino]))
+                kernel_names.update(dict.fromkeys(st._names_of(txn, ino)))
             txn.put(st._vp + b"step", _U64.pack(rec["step"]), db=self.db["meta"])
             self._set_meta(txn, b"snap_base", seq)
             st.set_base(txn)
         st.base_set()
         st._delete_unreferenced(freed)
-        return {"id": snapshot_id(seq), "step": rec["step"], "dentries": touched_dentries,
+        return {"id": snapshot_id(seq), "step": rec["step"], "dentries": list(kernel_names),
                 "inodes": touched_inodes, "unlinked": unlinked,
                 "changed": len(touched_inodes) + len(touched_dentries),
                 "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}

@@ -898,6 +898,18 @@ class Store:
         k = cur.key()
         return _U64.unpack(k[12:20])[0], bytes(k[20:])
 
+    def _names_of(self, txn, ino: int) -> list[tuple[int, bytes]]:
+        """Every (parent, name) of `ino`."""
+        out = []
+        key = self._key(ino)
+        cur = txn.cursor(db=self.db["backlink"])
+        if cur.set_range(key):
+            for k in cur.iternext(values=False):
+                if k[:12] != key:
+                    break
+                out.append((_U64.unpack(k[12:20])[0], bytes(k[20:])))
+        return out
+
     def _check_not_ancestor(self, txn, ancestor: int, ino: int) -> None:
         """Refuse to move a directory below itself."""
         hops = 0
