@@ -68,6 +68,22 @@ def non_defaults(alt: bool = False) -> dict:
         "entry_timeout": 7.5 if alt else 2.5,
         "max_tasks": 4 if alt else 8,
         "metrics_port": free_port(),
+        "remote_endpoint_url": "http://127.0.0.1:9" if alt else "https://s3.example.com",
+        "remote_region": "eu-west-3" if alt else "eu-central-1",
+        "remote_profile": "other" if alt else "vfsd",
+        "remote_credentials_file": "/nowhere/b" if alt else "/nowhere/a",
+        "remote_addressing_style": "virtual" if alt else "path",
+        "remote_connect_timeout": 2.5 if alt else 1.5,
+        "remote_read_timeout": 12.5 if alt else 7.5,
+        "remote_max_attempts": 2 if alt else 3,
+        "remote_retry_base_delay": 0.25 if alt else 0.5,
+        "remote_retry_max_delay": 2.0 if alt else 4.0,
+        "remote_workers": 3 if alt else 2,
+        "remote_upload_queue": 16 if alt else 32,
+        "remote_fetch_timeout": 3.5 if alt else 4.5,
+        "remote_readahead_chunks": 2 if alt else 8,
+        "remote_cache_bytes": (3 << 30) if alt else (1 << 30),
+        "remote_lease_ttl": 12.0 if alt else 20.0,
     }
     assert set(values) == set(option_names()), "a new option needs a test value here"
     defaults = Config().as_dict()
@@ -119,6 +135,23 @@ def test_unknown_key_in_vfsd_table_is_named(tmp_path: Path):
         ("done_retention_steps", True),
         ("max_age_steps", "20"),
         ("metrics_port", 70000),
+        ("remote_endpoint_url", "ftp://example.com"),
+        ("remote_endpoint_url", "http://key:secret@example.com"),
+        ("remote_endpoint_url", "http://example.com/?x=1"),
+        ("remote_endpoint_url", "http://"),
+        ("remote_region", "Not A Region"),
+        ("remote_profile", "bad profile"),
+        ("remote_addressing_style", "dns"),
+        ("remote_connect_timeout", 0),
+        ("remote_read_timeout", "30"),
+        ("remote_max_attempts", 0),
+        ("remote_retry_max_delay", 0.01),  # below the base delay
+        ("remote_workers", 1000),
+        ("remote_upload_queue", 0),
+        ("remote_fetch_timeout", -1),
+        ("remote_readahead_chunks", -1),
+        ("remote_cache_bytes", 4096),  # less than 4 chunks
+        ("remote_lease_ttl", 1),
     ],
 )
 def test_bad_value_is_named(tmp_path: Path, key: str, value):
