@@ -80,6 +80,10 @@ class RemoteAccessDenied(RemoteError):
     errno = errno.EACCES
 
 
+class RemoteTooLarge(RemoteError):
+    """An object is larger than the caller said it could be (damaged or hostile)."""
+
+
 class BadRemoteURL(ValueError):
     """An `s3://BUCKET/PREFIX` URL that vfsd will not use; the message says why."""
 
@@ -465,8 +469,8 @@ class ObjectStore:
             try:
                 size = int(response.get("ContentLength", -1))
                 if max_bytes is not None and (size < 0 or size > max_bytes):
-                    raise RemoteError(f"object {full} is {size} bytes; at most {max_bytes} "
-                                      "were expected")
+                    raise RemoteTooLarge(f"object {full} is {size} bytes; at most {max_bytes} "
+                                         "were expected")
                 data = body.read()
             finally:
                 body.close()
