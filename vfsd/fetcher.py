@@ -241,6 +241,11 @@ class Fetcher:
                                    f"locally: {exc}")
             self.stats["errors"] += 1
             self.last_error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a reader gets EIO, the daemon lives on
+            log.exception("chunk_fetch_crashed", digest=job.digest.hex())
+            job.error = FetchError(f"chunk {job.digest.hex()}: {type(exc).__name__}: {exc}")
+            self.stats["errors"] += 1
+            self.last_error = str(exc)
         else:
             self.stats["downloads"] += 1
             self.stats["downloaded_bytes"] += len(data)

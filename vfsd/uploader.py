@@ -287,6 +287,10 @@ class Uploader:
             except (RemoteError, OSError) as exc:
                 self._retry_later(item, str(exc))
                 continue
+            except Exception as exc:  # noqa: BLE001 - a bug in a callback must not stop uploads
+                log.exception("chunk_upload_crashed", digest=item.digest.hex())
+                self._retry_later(item, f"{type(exc).__name__}: {exc}")
+                continue
             except BaseException:
                 self._requeue(item)  # cancelled: it stays pending
                 raise
