@@ -48,7 +48,6 @@ from s3server import S3Server  # noqa: E402
 
 from vfsd.chunks import ChunkStore, chunk_hash  # noqa: E402
 from vfsd.objstore import ObjectStore, RemoteSettings  # noqa: E402
-from vfsd.remote import chunk_key  # noqa: E402
 
 MiB = 1 << 20
 
