@@ -1,4 +1,4 @@
-"""Helpers for the remote-tier tests: a durable upload backlog and test chunks.
+"""Helpers for the remote-tier tests: client settings, a durable upload backlog, chunks.
 
 `FileBacklog` stands in for the daemon's LMDB pending-upload set: one file per
 pending digest, so it survives a SIGKILL of the process using it, with the
@@ -13,7 +13,18 @@ import time
 from pathlib import Path
 
 from vfsd.chunks import ChunkStore, chunk_hash
+from vfsd.objstore import RemoteSettings
 from vfsd.uploader import PendingChunk
+
+
+def settings_for(server, **overrides) -> RemoteSettings:
+    """Settings that reach an S3Server, with short timeouts and retries for tests."""
+    values = dict(endpoint_url=server.endpoint_url, region="us-east-1",
+                  access_key_id=server.access_key, secret_access_key=server.secret_key,
+                  connect_timeout=2.0, read_timeout=5.0, max_attempts=3,
+                  retry_base_delay=0.05, retry_max_delay=0.2)
+    values.update(overrides)
+    return RemoteSettings(**values)
 
 
 class FileBacklog:

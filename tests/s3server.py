@@ -176,7 +176,11 @@ class S3Server:
             self.ports["admin_grpc"] = self.ports["admin"] + GRPC_PORT_OFFSET
             error = self._launch(timeout)
             if error is None:
-                self._create_bucket(timeout)
+                try:
+                    self._create_bucket(timeout)
+                except BaseException:
+                    self.stop()
+                    raise
                 return self
             last_error = error
             self._kill_process()

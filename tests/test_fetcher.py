@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 import trio
-from remote_helpers import make_chunks
+from remote_helpers import make_chunks, settings_for
 from s3server import s3_private_server, s3_server  # noqa: F401 - fixtures
-from test_objstore import settings_for
 
 from vfsd.chunks import ChunkStore, chunk_hash
 from vfsd.fetcher import ChunkUnavailable, Fetcher, FetchError, FetchTimeout, ReadaheadWindow

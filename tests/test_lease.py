@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import trio
+from remote_helpers import settings_for
 from s3server import s3_private_server, s3_server  # noqa: F401 - fixtures
-from test_objstore import settings_for
 
 from vfsd.lease import Lease, LeaseHeld, LeaseLost
 from vfsd.objstore import ObjectStore
@@ -126,6 +126,21 @@ def test_workers_racing_to_take_over_a_released_run_one_wins(store):
 
 
 # -------------------------------------------------------- expiry and takeover
+
+
+def test_renewals_keep_the_lease_past_its_ttl(store):
+    holder = Lease(store, "long-lived", ttl=3)
+    holder.acquire()
+    taker = Lease(store, "long-lived", ttl=3)
+    refused = 0
+    end = time.monotonic() + 3 * holder.ttl  # well past the first expiry
+    while time.monotonic() < end:
+        holder.renew()
+        with pytest.raises(LeaseHeld):
+            taker.acquire()
+        refused += 1
+        time.sleep(0.5)
+    assert holder.valid and holder.generation == 1 and refused >= 6
 
 HOLDER = textwrap.dedent("""
     import sys, trio, structlog

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from remote_helpers import FileBacklog, make_chunks
+from remote_helpers import FileBacklog, make_chunks, settings_for
 from s3server import s3_private_server, s3_server  # noqa: F401 - fixtures
-from test_objstore import settings_for
 
 from vfsd.chunks import ChunkStore, chunk_hash
 from vfsd.objstore import ObjectStore, RemoteNotFound

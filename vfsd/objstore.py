@@ -93,7 +93,9 @@ class BadRemoteURL(ValueError):
 MAX_PREFIX_BYTES = 512  # S3 keys are at most 1024 bytes; vfsd's names need the rest
 MAX_SEGMENT_BYTES = 255
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_SEGMENT = re.compile(r"[A-Za-z0-9._=+@,-]+")
+# Characters that need no care in any S3 implementation's key handling ('+',
+# for one, is read as a space by some).
+_SEGMENT = re.compile(r"[A-Za-z0-9._=-]+")
 _BUCKET_PREFIXES_RESERVED = ("xn--", "sthree-", "amzn-s3-demo-")
 _BUCKET_SUFFIXES_RESERVED = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 
@@ -124,10 +126,6 @@ class RemoteURL:
     def key(self, relative: str) -> str:
         """The full object key of `relative` under this prefix."""
         return f"{self.prefix}/{relative}" if self.prefix else relative
-
-    def child(self, relative: str) -> RemoteURL:
-        """The URL of a sub-prefix (`relative` checked like a prefix)."""
-        return RemoteURL(self.bucket, normalize_prefix(self.key(relative)))
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
@@ -160,7 +158,7 @@ def normalize_prefix(prefix: str) -> str:
     """A key prefix without leading or trailing '/', checked segment by segment.
 
     Refused: empty segments ('a//b'), '.' and '..', characters outside
-    letters, digits and `._=+@,-`, segments over 255 bytes, prefixes over 512.
+    letters, digits and `._=-`, segments over 255 bytes, prefixes over 512.
     """
     if prefix.startswith("/"):
         raise BadRemoteURL(f"prefix {prefix!r} must not start with '/' (s3://BUCKET/PREFIX)")
@@ -180,7 +178,7 @@ def normalize_prefix(prefix: str) -> str:
         if not _SEGMENT.fullmatch(segment):
             bad = sorted({c for c in segment if not _SEGMENT.fullmatch(c)})
             raise BadRemoteURL(
-                f"prefix {prefix!r} contains {''.join(bad)!r}; use letters, digits and ._=+@,-")
+                f"prefix {prefix!r} contains {''.join(bad)!r}; use letters, digits and ._=-")
     return stripped
 
 
