@@ -26,9 +26,11 @@ test-long: setup
 bench: setup
 	@$(PY) bench/fs_bench.py
 	@$(PY) bench/eviction_bench.py
+	@$(PY) bench/workloads.py
 
 bench-quick: setup
 	@$(PY) bench/fs_bench.py --quick
+	@$(PY) bench/workloads.py --quick
 
 lint: setup
 	@.venv/bin/ruff check vfsd mount_tool tests bench

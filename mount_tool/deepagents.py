@@ -78,7 +78,7 @@ from .errors import ControlError, MountToolError
 from .langgraph import files_reducer
 from .mount import Mount
 from .offload import DEFAULT_THRESHOLD_TOKENS, offload_tool_output, safe_file_stem
-from .refs import FileRef, content_hash
+from .refs import FileRef
 
 logger = logging.getLogger(__name__)
 
@@ -595,7 +595,7 @@ class VfsdMiddleware(AgentMiddleware):
                 data = self._real_path(path).read_bytes()
             except (OSError, ValueError):
                 data = None
-            if data is None or content_hash(data) != expected:
+            if data is None or self.mount.hash_of(data) != expected:
                 return ToolMessage(
                     content=(
                         f"Error: the {name} argument was kept in the mount at {path}, "

@@ -218,7 +218,7 @@ def agent_script() -> list[AIMessage]:
     """The agent's 35 turns: 34 tool calls (one per turn), then its final answer."""
     calls: list[tuple[str, dict[str, Any]]] = [
         ("write_file", {"file_path": "/notes/plan.md", "content": PLAN_MD}),
-        ("execute", {"command": f"{PIN} notes/plan.md && getfattr -d -m user.vfsd notes/plan.md"}),
+        ("execute", {"command": f"{PIN} notes/plan.md && cat .vfsd/attr/notes/plan.md"}),
         ("fetch_ci_log", {"build": BUILD}),
         ("execute", {"command": f"grep -n ERROR {CI_LOG} | head -n 3"}),
         ("write_file", {"file_path": "/scripts/failures.py", "content": FAILURES_PY}),
@@ -579,7 +579,7 @@ def run_demo(run_dir: Path) -> None:
     m.detach()
     print(f"\nThe run dir stays mounted at {shown_path(m.root)}; explore it:")
     print(f"  cd {shown_path(m.root)} && cat report.md tool_outputs/repro/summary.txt")
-    print("  getfattr -d -m user.vfsd report.md; cat .vfsd/status.json .vfsd/evicted.ndjson")
+    print("  cat .vfsd/attr/report.md .vfsd/status.json .vfsd/evicted.ndjson")
     print(f"Unmount it with: {umount_cmd}")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from .client import ControlClient
 from .errors import ControlError, Evicted, Missing, MountError, MountToolError, StaleRef
 from .paths import confine, mount_relative
-from .refs import FileRef, as_ref, content_hash
+from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
 
 VFSD_CLI = [sys.executable, "-m", "vfsd.cli"]
 STATUSES = ("active", "done")
@@ -85,6 +85,7 @@ class Mount:
         self.client = ControlClient(self.state_dir / "vfsd.sock")
         self.started = started
         self._closed = False
+        self._chunk_size: int | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -163,6 +164,17 @@ class Mount:
     def __repr__(self) -> str:
         return f"Mount({str(self.run_dir)!r}, started={self.started})"
 
+    @property
+    def chunk_size(self) -> int:
+        """The store's chunk size (file hashes depend on it; asked once)."""
+        if self._chunk_size is None:
+            self._chunk_size = int(self.stats().get("chunk_size") or DEFAULT_CHUNK_SIZE)
+        return self._chunk_size
+
+    def hash_of(self, data: bytes) -> str:
+        """The hash the daemon would give a file holding `data`."""
+        return content_hash(data, self.chunk_size)
+
     # -- paths ----------------------------------------------------------------
 
     def resolve_path(self, path: str | os.PathLike[str]) -> Path:
@@ -195,7 +207,7 @@ class Mount:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         ref = self._ref_of(target)
-        if ref["hash"] != content_hash(data):
+        if ref["hash"] != self.hash_of(data):
             raise MountToolError(
                 f"{ref['path']} changed between the write and taking its reference "
                 "(another writer?)"
@@ -228,7 +240,7 @@ class Mount:
         if state != "live" or not res.get("matches", True) or not current:
             raise StaleRef(ref, as_ref(current) if current else None)
         data = self._read_same_inode(current["path"], ref)
-        if isinstance(data, bytes) and content_hash(data) == ref["hash"]:
+        if isinstance(data, bytes) and self.hash_of(data) == ref["hash"]:
             return data
         # Changed, moved or removed between the daemon's answer and the read.
         raise StaleRef(ref, self._current_ref(ref))

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 EXTRAS="${VFSD_EXTRAS:-dev,agents}"
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config attr python3-venv python3-dev gcc postgresql systemd)
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config attr python3-venv python3-dev gcc postgresql systemd git make rsync)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

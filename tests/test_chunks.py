@@ -15,6 +15,7 @@ import pytest
 import xxhash
 
 from vfsd.chunks import ChunkStore, chunk_hash
+from vfsd.content import LOC_FILE, LOC_LMDB
 from vfsd.errors import CorruptChunk, NotFound
 from vfsd.openfiles import OpenFiles
 from vfsd.store import Store
@@ -153,7 +154,12 @@ class Files:
         return set(self.store.chunks.iter_all())
 
     def refs(self) -> dict[bytes, int]:
-        return {h: n for h, (n, _) in self.store.chunk_refs().items()}
+        """Reference counts of chunk files (small objects live in LMDB)."""
+        return {h: n for h, (n, _, loc) in self.store.content_refs().items()
+                if loc == LOC_FILE}
+
+    def digests(self, ino: int) -> dict[int, bytes]:
+        return {i: ref[:16] for i, ref in self.store.block_map(ino).items()}
 
 
 @pytest.fixture
@@ -168,11 +174,14 @@ def test_same_content_in_two_files_is_stored_once(fs: Files) -> None:
     a = fs.put(b"a", data)
     files_after_one = fs.on_disk()
     b = fs.put(b"b", data)
-    assert fs.on_disk() == files_after_one and len(files_after_one) == 4
+    # Three whole chunks as files; the 100-byte tail is small: an LMDB object.
+    assert fs.on_disk() == files_after_one and len(files_after_one) == 3
     assert set(fs.refs().values()) == {2}
     assert fs.store.block_map(a) == fs.store.block_map(b)
+    assert fs.store.block_map(a)[3][16] == LOC_LMDB
     c = fs.store.counters()
-    assert c["chunk_count"] == 4 and c["chunk_bytes"] == len(data)
+    assert c["chunk_count"] == 3 and c["chunk_bytes"] == 3 * CS
+    assert c["blob_count"] == 1 and c["blob_bytes"] == 100
     assert c["logical_bytes"] == 2 * len(data)
 
     fs.delete(b"a")
@@ -182,16 +191,17 @@ def test_same_content_in_two_files_is_stored_once(fs: Files) -> None:
 
     fs.delete(b"b")
     assert fs.on_disk() == set()
-    assert fs.refs() == {}  # no tombstones left behind
+    assert fs.store.content_refs() == {}  # no tombstones left behind
     assert fs.store.counters()["chunk_count"] == 0
     assert fs.store.counters()["chunk_bytes"] == 0
+    assert fs.store.counters()["blob_count"] == 0
 
 
 def test_repeated_block_inside_one_file(fs: Files) -> None:
     block = os.urandom(CS)
     ino = fs.put(b"f", block * 3 + b"tail")
     digest = chunk_hash(block)
-    assert fs.refs()[digest] == 3 and len(fs.on_disk()) == 2
+    assert fs.refs()[digest] == 3 and len(fs.on_disk()) == 1  # "tail" lives in LMDB
     fs.put(b"f", os.urandom(CS), offset=CS)  # overwrite the middle copy
     assert fs.refs()[digest] == 2
     assert fs.get(ino)[:CS] == block and fs.get(ino)[2 * CS:3 * CS] == block
@@ -211,7 +221,7 @@ def test_shared_chunk_survives_overwrite_in_one_file(fs: Files) -> None:
 
 def test_chunk_freed_when_last_reference_rewritten(fs: Files) -> None:
     ino = fs.put(b"f", os.urandom(2 * CS))
-    first = fs.store.block_map(ino)[0]
+    first = fs.digests(ino)[0]
     fs.put(b"f", os.urandom(CS), offset=0)
     assert first not in fs.on_disk() and first not in fs.refs()
     assert len(fs.on_disk()) == 2 == fs.store.counters()["chunk_count"]
@@ -224,10 +234,10 @@ def test_chunk_refs_match_files_on_disk(fs: Files) -> None:
         fs.put(b"g%d" % i, data[: len(data) // 2])
     fs.delete(b"f1")
     fs.delete(b"g3")
-    refs = fs.refs()
+    assert set(fs.refs()) == fs.on_disk()
+    refs = {h: n for h, (n, _, _) in fs.store.content_refs().items()}
     assert all(n > 0 for n in refs.values())
-    assert set(refs) == fs.on_disk()
-    maps = [fs.store.block_map(fs.store.lookup(fs.store.root_ino, n).ino)
+    maps = [fs.digests(fs.store.lookup(fs.store.root_ino, n).ino)
             for n in (b"f0", b"f2", b"f3", b"g0", b"g1", b"g2")]
     want: dict[bytes, int] = {}
     for bmap in maps:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import xxhash
 from ctl import Conn, call, connect, error, sock_path
+from vfsdattr import vfsd_attr
 
 pytestmark = pytest.mark.fuse
 
@@ -140,13 +141,13 @@ def test_status_and_pin_by_ino(run) -> None:
     with connect(run.run_dir) as c:
         ref = c.call("set_status", ino=ino, status="done")
         assert ref["status"] == "done" and ref["path"] == "f"
-        assert os.getxattr(root / "f", "user.vfsd.status") == b"done"
+        assert vfsd_attr(root / "f", "status") == "done"
         c.call("pin", ino=ino)
-        assert os.getxattr(root / "f", "user.vfsd.pin") == b"1"
+        assert vfsd_attr(root / "f", "pin") == "1"
         assert c.call("set_step", step=50)["files"] == 0
         c.call("set_status", ino=ino, status="active")
         c.call("unpin", ino=ino)
-        assert os.getxattr(root / "f", "user.vfsd.pin") == b"0"
+        assert vfsd_attr(root / "f", "pin") == "0"
         report = c.call("evict")
         assert [(r["path"], r["reason"]) for r in report["evicted"]] == [("f", "max_age")]
         # The inode is gone: requests by ino now say so.
@@ -402,7 +403,7 @@ def test_set_step_backwards_is_refused(run) -> None:
         assert c.call("get_step") == {"step": 10}
         # Setting the same step again is allowed and evicts nothing new.
         assert c.call("set_step", step=10)["files"] == 0
-    assert os.getxattr(run.root / "f", "user.vfsd.step") == b"0"
+    assert vfsd_attr(run.root / "f", "step") == "0"
     proc = run.cli("step", run.run_dir, "3", check=False)
     assert proc.returncode != 0 and "before the current step" in proc.stderr
 

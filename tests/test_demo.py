@@ -111,12 +111,9 @@ def test_demo_tells_the_story_and_leaves_the_run_dir_mounted(demo_dir: Path, tmp
     assert "Verification: runs 6 and 8 pass at 90 s" in (root / "report.md").read_text()
     assert not (root / "large_tool_results" / "call_fetch_4182.log").exists()
     assert json.loads((root / ".vfsd" / "status.json").read_text())["step"] == last_step
-    pinned = subprocess.run(
-        ["getfattr", "--only-values", "-n", "user.vfsd.pin", str(root / "report.md")],
-        capture_output=True,
-        text=True,
-    )
-    assert pinned.stdout == "1"
+    attrs = subprocess.run(["cat", str(root / ".vfsd/attr/report.md")], capture_output=True,
+                           text=True)
+    assert json.loads(attrs.stdout)["pin"] is True
 
     # Again, over the run dir that is still mounted: a fresh run, the same story.
     (root / "left-from-before.txt").write_text("x")

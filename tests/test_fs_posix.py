@@ -470,8 +470,14 @@ def _setfattr(name: str, value: str, path: str, cwd: Path) -> subprocess.Complet
     )
 
 
-def test_xattrs_with_tools_and_os(run):
-    root = run.root
+@pytest.fixture
+def xattr_run(run_factory):
+    """A mount that answers getxattr (`--xattr-reads`; by default it does not)."""
+    return run_factory("xattr-run", "--xattr-reads")
+
+
+def test_xattrs_with_tools_and_os(xattr_run):
+    root = xattr_run.root
     f = root / "f"
     f.write_text("data")
     (root / "d").mkdir()
@@ -516,7 +522,8 @@ def test_xattrs_with_tools_and_os(run):
     assert os.getxattr(root / "moved", "user.big") == big
 
 
-def test_vfsd_xattrs(run):
+def test_vfsd_xattrs(xattr_run):
+    run = xattr_run
     root = run.root
     small = random_bytes(100, seed=10)
     big = random_bytes(2 * CHUNK + 1, seed=11)

@@ -47,7 +47,8 @@ MAX_EXAMPLES = 600 if LONG else 120
 STEPS = 80 if LONG else 50
 CHUNK = 8192
 INLINE = 2048
-MOUNT_ARGS = ("--chunk-size", str(CHUNK), "--inline-max", str(INLINE))
+# --xattr-reads: the model compares user xattrs with native ones through getxattr.
+MOUNT_ARGS = ("--chunk-size", str(CHUNK), "--inline-max", str(INLINE), "--xattr-reads")
 
 # POSIX lets rename/rmdir of a non-empty directory answer either.
 SAME_ERRNO = {errno.EEXIST: errno.ENOTEMPTY}

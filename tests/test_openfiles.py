@@ -20,6 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vfsd import DEFAULT_CHUNK_SIZE, DEFAULT_INLINE_MAX
+from vfsd.content import LOC_FILE, LOC_LMDB
+from vfsd.filehash import bytes_hash
 from vfsd.openfiles import OpenFiles
 from vfsd.store import Store
 
@@ -88,16 +90,29 @@ def blocks_expected(data: bytes, cs: int = CS) -> int:
     return sum(1 for i in range(0, len(data), cs) if data[i:i + cs].count(0) != len(data[i:i + cs]))
 
 
+def chunk_files_expected(data: bytes, cs: int = CS, inline: int = INLINE) -> int:
+    """Distinct blocks big enough to be chunk files (smaller ones live in LMDB)."""
+    blocks = {data[i:i + cs] for i in range(0, len(data), cs)}
+    return sum(1 for b in blocks if len(b) > inline and b.count(0) != len(b))
+
+
 def check_stored(vol: Volume, ino: int, data: bytes) -> None:
-    """What the store holds for `ino` matches `data`: size, tier, blocks, bytes."""
+    """What the store holds for `ino` matches `data`: size, tier, blocks, bytes.
+
+    Each stored block is exactly its extent of the file, named by its
+    xxh3-128, in LMDB when small and in a chunk file otherwise.
+    """
     inode = vol.store.get_inode(ino)
+    cs = vol.files.cs
     assert inode.size == len(data)
     assert inode.inline == (len(data) <= vol.files.inline_max)
-    if inode.inline:
-        assert vol.store.read_inline(ino).ljust(len(data), b"\0") == data
-        assert vol.store.block_map(ino) == {}
-    else:
-        assert len(vol.store.block_map(ino)) == blocks_expected(data, vol.files.cs)
+    bmap = vol.store.block_map(ino)
+    assert len(bmap) == blocks_expected(data, cs) == inode.nblocks
+    for idx, ref in bmap.items():
+        block = data[idx * cs:(idx + 1) * cs]
+        assert ref[:16] == xxhash.xxh3_128_digest(block)
+        assert ref[16] == (LOC_LMDB if len(block) <= vol.files.inline_max else LOC_FILE)
+        assert vol.store.read_block(ref) == block
     assert vol.read(ino) == data
 
 
@@ -187,7 +202,8 @@ def test_sparse_write_reads_zeros_and_stores_no_hole_chunks(vol: Volume) -> None
     data = bytes(5 * CS + 100) + b"tail"
     check_stored(vol, ino, data)
     assert list(vol.store.block_map(ino)) == [5]
-    assert vol.store.counters()["chunk_count"] == 1
+    c = vol.store.counters()
+    assert (c["chunk_count"], c["blob_count"]) == (0, 1)  # 104 bytes: a small object
     assert vol.store.get_inode(ino).nblocks == 1
 
 
@@ -240,8 +256,7 @@ def test_truncate_across_tiers_and_chunks(vol: Volume, start: int, size: int,
     c = vol.store.counters()
     assert c["logical_bytes"] == size
     assert c["inline_bytes"] == (size if size <= INLINE else 0)
-    chunks = 0 if size <= INLINE else blocks_expected(want)
-    assert c["chunk_count"] == len(vol.chunk_files()) == chunks
+    assert c["chunk_count"] == len(vol.chunk_files()) == chunk_files_expected(want)
 
 
 def test_shrink_then_grow_keeps_zeros(vol: Volume) -> None:
@@ -262,11 +277,11 @@ def test_shrink_then_grow_keeps_zeros(vol: Volume) -> None:
 
 def test_append_rewrites_only_the_last_chunk(vol: Volume) -> None:
     ino = vol.new_file()
-    data = os.urandom(10 * CS + 100)
+    data = os.urandom(10 * CS + 2000)
     vol.write(ino, data)
     before_map = vol.store.block_map(ino)
     before_files = vol.chunk_files()
-    before_refs = vol.store.chunk_refs()
+    before_refs = vol.store.content_refs()
     assert len(before_map) == 11 and len(before_files) == 11
 
     vol.write(ino, b"appended", offset=len(data))
@@ -275,9 +290,9 @@ def test_append_rewrites_only_the_last_chunk(vol: Volume) -> None:
     assert {i: h for i, h in after_map.items() if i < 10} == {
         i: h for i, h in before_map.items() if i < 10}
     assert after_map[10] != before_map[10]
-    assert before_files - after_files == {before_map[10]}
-    assert after_files - before_files == {after_map[10]}
-    assert len(vol.store.chunk_refs()) == len(before_refs) == 11
+    assert before_files - after_files == {before_map[10][:16]}
+    assert after_files - before_files == {after_map[10][:16]}
+    assert len(vol.store.content_refs()) == len(before_refs) == 11
     check_stored(vol, ino, data + b"appended")
 
 
@@ -291,8 +306,10 @@ def test_append_that_fills_the_last_chunk_and_spills(vol: Volume) -> None:
     vol.write(ino, extra, offset=len(data))
     after_map = vol.store.block_map(ino)
     assert {i: after_map[i] for i in range(3)} == {i: before_map[i] for i in range(3)}
-    assert before_files - vol.chunk_files() == {before_map[3]}
-    assert vol.chunk_files() - before_files == {after_map[3], after_map[4]}
+    assert before_files - vol.chunk_files() == {before_map[3][:16]}
+    # Block 4 holds 20 bytes: a small object in LMDB, not a chunk file.
+    assert vol.chunk_files() - before_files == {after_map[3][:16]}
+    assert after_map[4][16] == LOC_LMDB
     check_stored(vol, ino, data + extra)
 
 
@@ -300,16 +317,15 @@ def test_append_that_fills_the_last_chunk_and_spills(vol: Volume) -> None:
 
 
 @pytest.mark.parametrize("kind", ["empty", "inline", "chunked", "sparse", "zeros"])
-def test_content_hash_is_xxh3_128_of_the_bytes(vol: Volume, kind: str) -> None:
+def test_content_hash_is_the_file_hash_of_the_bytes(vol: Volume, kind: str) -> None:
     data = {
         "empty": b"", "inline": os.urandom(700), "chunked": os.urandom(3 * CS + 9),
         "sparse": bytes(2 * CS + 5) + b"end", "zeros": bytes(CS + 1),
     }[kind]
     ino = vol.new_file()
     vol.write(ino, data)
-    want = xxhash.xxh3_128(data).digest()
+    want = bytes_hash(data, CS)
     assert vol.files.content_hash(ino) == want
-    assert vol.store.get_inode(ino).hash == want  # cached
     vol.reopen()
     assert vol.files.content_hash(ino) == want
 
@@ -318,11 +334,9 @@ def test_content_hash_of_open_dirty_file_and_after_change(vol: Volume) -> None:
     ino = vol.new_file()
     of = vol.files.acquire(ino)
     vol.files.write(of, 0, b"a" * 5000)
-    assert vol.files.content_hash(ino) == xxhash.xxh3_128(b"a" * 5000).digest()
+    assert vol.files.content_hash(ino) == bytes_hash(b"a" * 5000, CS)
     vol.files.write(of, 100, b"b")
-    vol.files.flush(of)
-    assert vol.store.get_inode(ino).hash == b""  # a content change drops the cache
-    want = xxhash.xxh3_128(b"a" * 100 + b"b" + b"a" * 4899).digest()
+    want = bytes_hash(b"a" * 100 + b"b" + b"a" * 4899, CS)
     assert vol.files.content_hash(ino) == want
     vol.files.release(of)
 
@@ -338,7 +352,7 @@ def test_truncate_to_zero_then_write_past_zero_reads_zeros(vol: Volume) -> None:
     vol.files.write(of, 5, b"new")
     assert vol.files.read(of, 0, 8) == bytes(5) + b"new"
     vol.files.release(of)
-    assert vol.store.read_inline(ino) == bytes(5) + b"new"
+    assert vol.store.read_block(vol.store.block_map(ino)[0]) == bytes(5) + b"new"
 
 
 # ------------------------------------------------- link counts of open files
@@ -421,21 +435,22 @@ def check_buffers(files: OpenFiles) -> None:
 def check_store_invariants(vol: Volume, inos: list[int], models: list[bytearray]) -> None:
     """After everything is committed: refcounts, chunk files and counters agree."""
     store = vol.store
-    refs = store.chunk_refs()
-    live = {h: n for h, (n, _) in refs.items() if n > 0}
+    refs = store.content_refs()
+    live = {h: n for h, (n, _, _) in refs.items() if n > 0}
     want_refs: dict[bytes, int] = {}
     for ino, model in zip(inos, models, strict=True):
         inode = store.get_inode(ino)
         assert inode.inline == (len(model) <= INLINE) and inode.size == len(model)
         bmap = store.block_map(ino)
         assert inode.nblocks == len(bmap)
-        for h in bmap.values():
-            want_refs[h] = want_refs.get(h, 0) + 1
+        for ref in bmap.values():
+            want_refs[ref[:16]] = want_refs.get(ref[:16], 0) + 1
     assert live == want_refs
-    assert vol.chunk_files() == set(live)
+    files = {h for h in live if refs[h][2] == LOC_FILE}
+    assert vol.chunk_files() == files
     c = store.counters()
-    assert c["chunk_count"] == len(live)
-    assert c["chunk_bytes"] == sum(refs[h][1] for h in live)
+    assert c["chunk_count"] == len(files)
+    assert c["chunk_bytes"] == sum(refs[h][1] for h in files)
     assert c["files"] == 2
     assert c["logical_bytes"] == sum(len(m) for m in models)
     assert c["inline_bytes"] == sum(len(m) for m in models if len(m) <= INLINE)
@@ -485,7 +500,7 @@ def test_random_operations_match_a_bytearray_model(ops: list[tuple]) -> None:
             assert vol.files.dirty_bytes == 0
             check_store_invariants(vol, inos, models)
             for ino, model in zip(inos, models, strict=True):
-                assert vol.files.content_hash(ino) == xxhash.xxh3_128(bytes(model)).digest()
+                assert vol.files.content_hash(ino) == bytes_hash(bytes(model), CS)
             vol.reopen()
             for ino, model in zip(inos, models, strict=True):
                 assert vol.read(ino) == bytes(model)

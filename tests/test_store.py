@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import vfsd.store as store_module
-from vfsd import errors
+from vfsd import errors, eventlog
 from vfsd.errors import StoreLocked
 from vfsd.inode import STATUS_DONE
 from vfsd.openfiles import OpenFiles
@@ -352,13 +351,13 @@ def test_unlink_leaves_an_orphan_until_free_inode(store: Store) -> None:
     data = os.urandom(2 * CS + 10)
     write_content(store, f, data)
     store.set_xattr(f, b"user.k", b"v")
-    assert len(chunk_files(store)) == 3
+    assert len(chunk_files(store)) == 2  # the 10-byte tail is a small object in LMDB
     child = store.unlink(root, b"f")
     assert child.nlink == 0 and store.orphans() == [f]
     # Still readable by whoever holds it open.
     assert store.get_inode(f).nlink == 0
     assert read_content(store, f) == data
-    assert len(chunk_files(store)) == 3
+    assert len(chunk_files(store)) == 2
     # free_inode refuses inodes that still have names, and frees nameless ones.
     g = mkfile(store, root, b"g")
     store.free_inode(g)
@@ -366,7 +365,7 @@ def test_unlink_leaves_an_orphan_until_free_inode(store: Store) -> None:
     store.free_inode(f)
     assert not store.inode_exists(f)
     assert store.orphans() == [] and store.get_xattr(f, b"user.k") is None
-    assert chunk_files(store) == set() and store.chunk_refs() == {}
+    assert chunk_files(store) == set() and store.content_refs() == {}
     store.free_inode(f)  # freeing twice is harmless
 
 
@@ -460,10 +459,10 @@ def test_counters_exact_after_a_sequence(store: Store) -> None:
     files.release(of)
     expect(files=2, logical_bytes=600, inline_bytes=600, chunk_count=0, chunk_bytes=0)
 
-    of = files.acquire(big)  # grow past inline_max: one 500-byte chunk, the rest a hole
-    files.truncate(of, 5000)
+    of = files.acquire(big)  # grow past inline_max: block 0 stored at its full 4096
+    files.truncate(of, 5000)  # bytes (a block's digest covers its whole extent), block 1 a hole
     files.release(of)
-    expect(files=2, logical_bytes=5100, inline_bytes=100, chunk_count=1, chunk_bytes=500)
+    expect(files=2, logical_bytes=5100, inline_bytes=100, chunk_count=1, chunk_bytes=4096)
 
     store.link(big, root, b"big2")
     expect(files=2, logical_bytes=5100)
@@ -471,7 +470,7 @@ def test_counters_exact_after_a_sequence(store: Store) -> None:
     expect(files=2, logical_bytes=5100)
     store.unlink(root, b"big2")
     # No names left: out of the file counters, but its chunk is still held.
-    expect(files=1, logical_bytes=100, inline_bytes=100, chunk_count=1, chunk_bytes=500)
+    expect(files=1, logical_bytes=100, inline_bytes=100, chunk_count=1, chunk_bytes=4096)
     store.free_inode(big)
     expect(files=1, logical_bytes=100, inline_bytes=100, chunk_count=0, chunk_bytes=0)
     store.unlink(root, b"small")
@@ -526,7 +525,8 @@ def test_readonly_open_sees_data_and_refuses_missing_store(store_dir: Path, tmp_
     s.close()
     ro = Store(store_dir, readonly=True)
     try:
-        assert ro.read_inline(ro.lookup(ro.root_ino, b"f").ino) == b"hello"
+        ino = ro.lookup(ro.root_ino, b"f").ino
+        assert ro.read_block(ro.block_map(ino)[0]) == b"hello"
     finally:
         ro.close()
     with pytest.raises(errors.StoreVersionError):
@@ -547,14 +547,15 @@ def test_two_volumes_share_chunks_but_not_names_or_steps(store_dir: Path) -> Non
     a.close()
 
     b = Store(store_dir, "run-b")
-    assert b.vol != vol_a and b.root_ino != root_a
+    # Inode numbers are per volume: each has its own root, inode 1.
+    assert b.vol != vol_a and b.root_ino == root_a == 1
     assert names(b, b.root_ino) == [] and b.get_step() == 0
     assert b.counters()["files"] == 0
     assert b.counters()["chunk_count"] == 3  # store-wide
     fb = mkfile(b, b.root_ino, b"same")
     write_content(b, fb, data)
-    refs = b.chunk_refs()
-    assert len(refs) == 3 and all(count == 2 for count, _ in refs.values())
+    refs = b.content_refs()
+    assert len(refs) == 3 and all(count == 2 for count, _, _ in refs.values())
     assert b.counters()["chunk_count"] == 3 and len(chunk_files(b)) == 3
     assert b.get_inode(fb).step == 0 and list(b.scan_index("bystep")) == [(0, fb)]
     b.close()
@@ -566,7 +567,7 @@ def test_two_volumes_share_chunks_but_not_names_or_steps(store_dir: Path) -> Non
     a.unlink(a.root_ino, b"same")
     a.free_inode(fa)
     assert len(chunk_files(a)) == 3, "volume b still needs the chunks"
-    assert all(count == 1 for count, _ in a.chunk_refs().values())
+    assert all(count == 1 for count, _, _ in a.content_refs().values())
     a.close()
 
     b = Store(store_dir, "run-b")
@@ -606,10 +607,13 @@ def test_two_processes_share_one_store(store_dir: Path) -> None:
                               text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         child = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert child["root"] != a.root_ino and child["files"] == 1
-        assert child["ino"] > fa  # one inode sequence for the whole store
-        refs = a.chunk_refs()
-        assert len(refs) == 3 and all(count == 2 for count, _ in refs.values())
+        assert child["files"] == 1
+        # Inode numbers are per volume: the other volume's first file has
+        # the same number as ours, and they are different files.
+        assert child["root"] == a.root_ino and child["ino"] == fa
+        assert read_content(a, fa) == data
+        refs = a.content_refs()
+        assert len(refs) == 3 and all(count == 2 for count, _, _ in refs.values())
         assert a.counters()["files"] == 1 and names(a, a.root_ino) == [b"f"]
     finally:
         a.close()
@@ -752,7 +756,7 @@ def _evict_all(store: Store, inos: list[int], step: int) -> None:
 
 
 def test_eviction_log_is_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "EVICT_LOG_MAX", 20)
+    monkeypatch.setattr(eventlog, "EVICT_LOG_MAX", 20)
     root = store.root_ino
     inos = [mkfile(store, root, b"f%02d" % i) for i in range(35)]
     _evict_all(store, inos[:10], step=1)

@@ -55,6 +55,12 @@ def _config_options(fn):
         click.option("--entry-timeout", type=float, help="Kernel entry/attribute cache seconds [3600]."),
         click.option("--max-tasks", type=int, help="FUSE requests handled concurrently [16]."),
         click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT."),
+        click.option("--snapshot-keep-last", type=int, help="Snapshots kept, newest first [32]."),
+        click.option("--snapshot-keep-steps", type=int,
+                     help="Also keep snapshots younger than this many steps (0: off) [20]."),
+        click.option("--xattr-reads/--no-xattr-reads", default=None,
+                     help="Answer getxattr (costs a round trip per write(); off: read "
+                          "attributes from .vfsd/attr/PATH) [off]."),
         click.option("--remote-endpoint-url", help="S3 endpoint URL [AWS_ENDPOINT_URL, else AWS]."),
         click.option("--remote-region", help="S3 region [AWS_REGION, the profile's, else us-east-1]."),
         click.option("--remote-profile", help="AWS profile for the object store [AWS_PROFILE]."),
@@ -90,7 +96,8 @@ def _config_options(fn):
 
 _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
                 "quota_bytes", "max_files", "durability", "log_level", "allow_other",
-                "entry_timeout", "max_tasks", "metrics_port",
+                "entry_timeout", "max_tasks", "metrics_port", "snapshot_keep_last",
+                "snapshot_keep_steps", "xattr_reads",
                 "remote_endpoint_url", "remote_region", "remote_profile",
                 "remote_credentials_file", "remote_addressing_style", "remote_connect_timeout",
                 "remote_read_timeout", "remote_max_attempts", "remote_retry_base_delay",
@@ -328,6 +335,114 @@ def ref(run_dir: Path, path: str) -> None:
         except ValueError:
             _fail(f"{path} is not inside {run.mountpoint}", 2)
     click.echo(json.dumps(_call(run_dir, "ref", path=path)))
+
+
+# ------------------------------------------------------------------ snapshots
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--pin", is_flag=True, help="Keep it whatever the retention policy says.")
+@click.option("--label", default="", help="A note stored with the snapshot.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with at least `id`).")
+def snapshot(run_dir: Path, pin: bool, label: str, as_json: bool) -> None:
+    """Snapshot the files of RUN_DIR now; prints the snapshot's id."""
+    rec = _call(run_dir, "snapshot", pin=pin, label=label)
+    click.echo(json.dumps(rec, indent=2) if as_json else rec["id"])
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def snapshots(run_dir: Path, as_json: bool) -> None:
+    """List the retained snapshots of RUN_DIR, oldest first."""
+    doc = _call(run_dir, "snapshots")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    for s in doc["snapshots"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["created_ns"] / 1e9))
+        flags = " pinned" if s["pinned"] else ""
+        label = f"  {s['label']}" if s["label"] else ""
+        click.echo(f"{s['id']:>8}  step {s['step']:<6} {when}{flags}{label}")
+    state = "unchanged since" if not doc["changed"] else "changed since"
+    if doc["base"]:
+        click.echo(f"live files: {state} {doc['base']}")
+
+
+@cli.command("snapshot-delete")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("snapshot_id")
+def snapshot_delete(run_dir: Path, snapshot_id: str) -> None:
+    """Delete a snapshot (content only it kept is freed)."""
+    rec = _call(run_dir, "snapshot_delete", snapshot=snapshot_id)
+    click.echo(f"vfsd: deleted {rec['id']}")
+
+
+@cli.command("snapshot-pin")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("snapshot_id")
+@click.option("--unpin", is_flag=True, help="Let retention delete it again.")
+def snapshot_pin(run_dir: Path, snapshot_id: str, unpin: bool) -> None:
+    """Pin a snapshot (retention never deletes it) or unpin it."""
+    rec = _call(run_dir, "snapshot_pin", snapshot=snapshot_id, pin=not unpin)
+    click.echo(f"vfsd: {rec['id']} {'pinned' if rec['pinned'] else 'unpinned'}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("snapshot_id")
+@click.option("--json", "as_json", is_flag=True)
+def restore(run_dir: Path, snapshot_id: str, as_json: bool) -> None:
+    """Make the files of RUN_DIR exactly what SNAPSHOT_ID holds.
+
+    Files made since disappear, changed files revert, evicted ones return;
+    the step goes back to the snapshot's.
+    """
+    res = _call(run_dir, "restore", snapshot=snapshot_id)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+    else:
+        click.echo(f"vfsd: restored {res['id']} ({res['changed']} change(s) undone, "
+                   f"step {res['step']})")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("snapshot_id")
+@click.argument("new_run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--no-mount", is_flag=True, help="Only create it; mount it later with `vfsd mount`.")
+@click.option("--json", "as_json", is_flag=True)
+def fork(run_dir: Path, snapshot_id: str, new_run_dir: Path, no_mount: bool,
+         as_json: bool) -> None:
+    """Start NEW_RUN_DIR from SNAPSHOT_ID of RUN_DIR (sharing its store; no content copied)."""
+    new = RunDir(new_run_dir)
+    res = _call(run_dir, "fork", snapshot=snapshot_id, run_dir=str(new.path))
+    if not no_mount:
+        config = load_config(None, {})
+        _spawn_daemon(new, config, Path(res["store"]), res["volume"])
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+    else:
+        click.echo(f"vfsd: {new.path} starts from {snapshot_id} of {RunDir(run_dir).path} "
+                   f"({res['files']} files)" + ("" if no_mount else f"; mounted {new.mountpoint}"))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("a")
+@click.argument("b", required=False, default="live")
+@click.option("--json", "as_json", is_flag=True)
+def diff(run_dir: Path, a: str, b: str, as_json: bool) -> None:
+    """What changed from snapshot A to snapshot B (default: the live files)."""
+    res = _call(run_dir, "diff", a=a, b=b)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    marks = {"added": "A", "removed": "D", "modified": "M", "renamed": "R", "attributes": "T"}
+    for c in res["changes"]:
+        where = f"{c['old_path']} -> {c['path']}" if c.get("old_path") else c["path"]
+        click.echo(f"{marks.get(c['change'], '?')}  {where}")
 
 
 @cli.command()

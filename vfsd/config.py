@@ -43,6 +43,11 @@ class Config:
     entry_timeout: float = 3600.0
     max_tasks: int = 16
     metrics_port: int | None = None
+    #: snapshots kept: the last N, and any younger than M steps (0: no age rule);
+    #: pinned ones always
+    snapshot_keep_last: int = 32
+    snapshot_keep_steps: int = 20
+    xattr_reads: bool = False
     # The object store tier (`vfsd.objstore`). Endpoint and credentials come
     # from the standard AWS chain (AWS_* environment variables, ~/.aws/config
     # and credentials) unless these name them; secrets never sit in this file.
@@ -71,7 +76,7 @@ class Config:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
 
         for name in ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
-                     "max_tasks"):
+                     "max_tasks", "snapshot_keep_last", "snapshot_keep_steps"):
             positive(name, getattr(self, name))
         for name in ("quota_bytes", "max_files", "metrics_port"):
             positive(name, getattr(self, name), allow_none=True)
@@ -85,6 +90,8 @@ class Config:
             raise ConfigError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if not isinstance(self.allow_other, bool):
             raise ConfigError("allow_other must be true or false")
+        if not isinstance(self.xattr_reads, bool):
+            raise ConfigError("xattr_reads must be true or false")
         if isinstance(self.entry_timeout, bool) or \
                 not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
             raise ConfigError("entry_timeout must be a non-negative number of seconds")
@@ -92,6 +99,8 @@ class Config:
             raise ConfigError(f"metrics_port must be between 1 and 65535, got {self.metrics_port}")
         if self.max_tasks < 1:
             raise ConfigError("max_tasks must be at least 1")
+        if self.snapshot_keep_last < 1:
+            raise ConfigError("snapshot_keep_last must be at least 1")
         self._validate_remote()
         return self
 

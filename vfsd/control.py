@@ -8,6 +8,7 @@ atomic with respect to the filesystem.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ import trio
 
 from . import __version__, errors
 from .inode import STATUS_BY_NAME, STATUS_NAMES, Inode
+from .snapshots import SnapshotError, SnapshotNotFound
 
 log = structlog.get_logger("vfsd.control")
 
@@ -69,6 +71,10 @@ class ControlServer:
             "resolve": self.op_resolve, "set_status": self.op_set_status,
             "pin": self.op_pin, "unpin": self.op_unpin, "changes": self.op_changes,
             "evicted": self.op_evicted, "gc": self.op_gc,
+            "snapshot": self.op_snapshot, "snapshots": self.op_snapshots,
+            "snapshot_delete": self.op_snapshot_delete, "snapshot_pin": self.op_snapshot_pin,
+            "restore": self.op_restore, "diff": self.op_diff, "fork": self.op_fork,
+            "locate": self.op_locate,
         }
 
     # ------------------------------------------------------------ serving
@@ -139,7 +145,7 @@ class ControlServer:
                 return
             if not line.strip():
                 continue
-            req_id, result, error = self.handle_line(line)
+            req_id, result, error = await self.handle_line(line)
             # Names that eviction removed must be gone from the kernel's cache
             # before the client hears back: `ls` right after must not see them.
             # The kernel is told from a worker thread while the reply is encoded.
@@ -151,7 +157,7 @@ class ControlServer:
                 reply = self._encode(req_id, result=result, error=error)
             await stream.send_all(reply)
 
-    def handle_line(self, line: bytes):
+    async def handle_line(self, line: bytes):
         """(id, result, error) for one request line."""
         self.requests += 1
         try:
@@ -169,9 +175,16 @@ class ControlServer:
             return req_id, None, ("unknown_op", f"unknown op {op!r}; known: "
                                   + ", ".join(sorted(self.handlers)))
         try:
-            return req_id, handler(req), None
+            result = handler(req)
+            if inspect.isawaitable(result):
+                result = await result
+            return req_id, result, None
         except RequestError as exc:
             return req_id, None, (exc.code, exc.message)
+        except SnapshotNotFound as exc:
+            return req_id, None, ("not_found", str(exc))
+        except SnapshotError as exc:
+            return req_id, None, ("bad_request", str(exc))
         except errors.NotFound as exc:
             return req_id, None, ("not_found", f"no such file: {exc}")
         except errors.StoreError as exc:
@@ -300,3 +313,46 @@ class ControlServer:
 
     def op_gc(self, req: dict) -> dict:
         return self.store.gc_chunks()
+
+    # ----------------------------------------------------------- snapshots
+
+    def _snapshot_id(self, req: dict, name: str = "snapshot") -> str:
+        ident = _arg(req, name, str)
+        if len(ident) > 32:
+            raise RequestError("bad_request", f"{name!r} is not a snapshot id")
+        return ident
+
+    async def op_snapshot(self, req: dict) -> dict:
+        return await self.daemon.snapservice.snapshot(
+            pinned=_arg(req, "pin", bool, False), label=_arg(req, "label", str, ""))
+
+    def op_snapshots(self, req: dict) -> dict:
+        return self.daemon.snapservice.list()
+
+    def op_snapshot_delete(self, req: dict) -> dict:
+        return self.daemon.snapservice.delete(self._snapshot_id(req))
+
+    def op_snapshot_pin(self, req: dict) -> dict:
+        return self.daemon.snapshots.set_pinned(self._snapshot_id(req),
+                                                _arg(req, "pin", bool, True))
+
+    async def op_restore(self, req: dict) -> dict:
+        return await self.daemon.snapservice.restore(self._snapshot_id(req))
+
+    def op_diff(self, req: dict) -> dict:
+        b = req.get("b")
+        if b in (None, "live"):
+            b = None
+        elif not isinstance(b, str):
+            raise RequestError("bad_request", "'b' is a snapshot id or \"live\"")
+        return self.daemon.snapservice.diff(self._snapshot_id(req, "a"), b)
+
+    async def op_fork(self, req: dict) -> dict:
+        return await self.daemon.snapservice.fork(self._snapshot_id(req),
+                                                  _arg(req, "run_dir", str))
+
+    def op_locate(self, req: dict) -> dict:
+        ref = _arg(req, "ref", dict)
+        found = self.daemon.snapservice.locate(_arg(ref, "ino", int), _arg(ref, "gen", int),
+                                               _arg(ref, "hash", str))
+        return {"found": found is not None, **(found or {})}

@@ -24,10 +24,14 @@ from .config import Config
 from .errors import StoreLocked, StoreVersionError
 from .eviction import Evictor
 from .fs import VfsdOperations
+from .lmdbcheck import check_readable
 from .logs import setup_logging
 from .metrics import start_metrics_server
 from .openfiles import OpenFiles
 from .rundir import RunDir, lock_volume, mount_state
+from .snapservice import SnapshotService
+from .snapshots import Snapshots
+from .snapview import SnapshotView
 from .store import Store
 
 log = structlog.get_logger("vfsd.daemon")
@@ -86,8 +90,13 @@ class Daemon:
             self._lock_fd = lock_volume(self.store_dir, self.volume)
         except StoreLocked as exc:
             raise StartupError(str(exc)) from None
+        if (self.store_dir / "lmdb" / "data.mdb").exists():
+            damage = check_readable(self.store_dir)
+            if damage is not None:
+                raise StartupError(f"{damage}; run `vfsd fsck {self.store_dir}` for a report")
         try:
-            self.store = Store(self.store_dir, self.volume, chunk_size=self.config.chunk_size)
+            self.store = Store(self.store_dir, self.volume, chunk_size=self.config.chunk_size,
+                               inline_max=self.config.inline_max)
         except StoreVersionError as exc:
             raise StartupError(str(exc)) from None
         self.run.record_store(self.store_dir, self.volume)
@@ -102,8 +111,14 @@ class Daemon:
         files = OpenFiles(self.store, chunk_size=self.config.chunk_size,
                           inline_max=self.config.inline_max)
         self.ops = VfsdOperations(self.store, files, entry_timeout=self.config.entry_timeout,
-                                  durability=self.config.durability)
+                                  durability=self.config.durability,
+                                  xattr_reads=self.config.xattr_reads)
         self.evictor = Evictor(self.store, self.ops, self.config)
+        self.snapshots = Snapshots(self.store, keep_last=self.config.snapshot_keep_last,
+                                   keep_steps=self.config.snapshot_keep_steps)
+        self.snapservice = SnapshotService(self, self.snapshots)
+        self.ops.snapview = SnapshotView(self.snapshots, self.ops)
+        self.evictor.after_step = self.snapservice.apply_retention
         self.ops.ctl.renderers = {
             ctldir.FILES[b"status.json"]: self._render_status,
             ctldir.FILES[b"evicted.ndjson"]: self._render_evicted,

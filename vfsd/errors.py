@@ -45,10 +45,36 @@ class InvalidArgument(StoreError):
     errno = errno.EINVAL
 
 
-class CorruptChunk(StoreError):
-    """A chunk file is missing or its bytes do not match its name."""
+class Corrupt(StoreError):
+    """Stored bytes or records are damaged: never served, always EIO."""
 
     errno = errno.EIO
+
+
+class CorruptChunk(Corrupt):
+    """Content (a chunk file or an inline blob) is missing or does not match its name."""
+
+
+class TooBig(StoreError):
+    """A size or offset past what the store accepts."""
+
+    errno = errno.EFBIG
+
+
+class NoAttr(StoreError):
+    """No such extended attribute."""
+
+    errno = errno.ENODATA
+
+
+class AttrTooBig(StoreError):
+    """An extended attribute (or a file's attributes together) past the limits."""
+
+    errno = errno.E2BIG
+
+
+class ReadOnly(StoreError):
+    errno = errno.EROFS
 
 
 class StoreLocked(Exception):

@@ -34,6 +34,8 @@ class Evictor:
         self.enospc_total = 0
         # (parent, name, ino) in FUSE numbering, for names removed by eviction.
         self.pending_invalidations: list[tuple[int, bytes, int]] = []
+        # Called after the step advances (snapshot retention by age).
+        self.after_step = None
 
     # ------------------------------------------------------------ planning
 
@@ -68,7 +70,7 @@ class Evictor:
 
         if not over():
             return
-        for _, ino in self.store.scan_index("agestep"):
+        for _, ino in self.store.iter_index("agestep"):
             if ino in victims or ino == exclude:
                 continue
             inode = self.files.attrs(ino)
@@ -102,16 +104,14 @@ class Evictor:
         facts = self.store.eviction_facts([ino for ino, _ in plan if ino not in open_files])
         for ino, reason in plan:
             if ino in open_files:  # buffered writes count: hash what readers see
-                inode = self.files.attrs(ino)
-                path = self.store.path_of(ino) or ""
-                digest = None
-            else:
-                inode, path, digest = facts[ino]
-            if digest is None:
                 try:
-                    digest = self.files.content_hash(ino, cache=False)
+                    digest = self.files.content_hash(ino)
                 except errors.StoreError:
                     digest = b""
+                inode = self.files.attrs(ino)
+                path = self.store.path_of(ino) or ""
+            else:
+                inode, path, digest = facts[ino]
             records.append({
                 "path": path, "ino": ino, "gen": inode.gen, "hash": digest.hex(),
                 "size": inode.size, "step": inode.step, "evicted_step": step,
@@ -168,7 +168,10 @@ class Evictor:
         if step < current:
             raise errors.InvalidArgument(f"step {step} is before the current step {current}")
         self.store.set_step(step)
-        return self.run(step)
+        report = self.run(step)
+        if self.after_step is not None:
+            report["snapshots_deleted"] = self.after_step()
+        return report
 
     # --------------------------------------------------------------- quota
 

@@ -1,32 +1,50 @@
 """`vfsd fsck`: check every invariant of a store, and repair what can be repaired.
 
-Part of the storage layer (it reads the LMDB layout documented in `store`).
-It runs with no daemon on the store: it takes every volume's lock first.
+Part of the storage layer (it reads the layouts documented in `store` and
+`snapshots`). It runs with no daemon on the store: it takes every volume's
+lock first, and first reads the whole LMDB file in a child process
+(`lmdbcheck`), so damaged pages give a report, not a crash.
 
-Checked: inode records decode; every name points at a live inode and the three
-name databases agree; link counts; every block names a chunk whose record has
-references and whose file exists (and, with `verify`, hashes right); refcounts
-equal the references found; no chunk file or temporary without a record; no
-orphan inode; the step indexes and counters match the inodes.
+Checked, per volume: inode records decode; every name points at a live inode
+and the three name databases agree; link counts; orphans; the step indexes
+and counters match the inodes. Store-wide: every content reference (live
+blocks and snapshot entries) names a record whose count equals the
+references found, and whose object is present (and, with `verify`, hashes
+right: inline objects and chunk files alike); no chunk file or temporary
+without a record. Snapshots: entries decode, `sgen` lists exactly the
+entries, each older entry is needed by a retained snapshot, and each
+unchanged object's newest entry equals the live object.
 
 Repaired (`repair=True`): orphans freed, stray chunk files and temporaries
-deleted, refcounts, indexes and counters rewritten, dangling names dropped.
-Content that is gone (a missing or altered chunk) cannot come back: such files
-are reported, and reading the damaged range keeps failing with EIO.
+deleted, refcounts, indexes, counters and the `sgen` list rewritten, entries
+no snapshot needs dropped, changed-but-unmarked objects marked, dangling
+names dropped. Content that is gone (a missing or altered object) cannot
+come back: such files are reported, and reading them keeps failing with EIO.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+import xxhash
 from tqdm import tqdm
 
+from . import errors
 from .chunks import chunk_hash
+from .content import LOC_FILE, LOC_LMDB, pack_record, unpack_record
 from .inode import Inode
+from .lmdbcheck import check_readable
 from .rundir import lock_volume
-from .store import _REF, _U64, _U64X2, Store, _get_u64
+from .snapshots import Snapshots, entry_refs, okey_len
+from .store import ROOT_INO, Store, _get_u64
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_U64X2 = struct.Struct(">QQ")
+_VI = struct.Struct(">IQ")
 
 
 @dataclass
@@ -48,12 +66,8 @@ class FsckReport:
                 "damaged_files": self.damaged_files, "stats": self.stats}
 
 
-def volumes(store: Store) -> dict[str, tuple[int, int]]:
-    out = {}
-    with store.env.begin() as txn:
-        for k, v in txn.cursor(db=store.db["volume"]):
-            out[bytes(k).decode()] = struct.unpack(">IQ", v)
-    return out
+def volumes(store: Store) -> dict[str, int]:
+    return store.volumes()
 
 
 def lock_all(store: Store) -> list[int]:
@@ -61,213 +75,453 @@ def lock_all(store: Store) -> list[int]:
     return [lock_volume(store.dir, name) for name in volumes(store)]
 
 
+def readable(store_dir) -> FsckReport | None:
+    """A report of LMDB-level damage, or None if every page reads."""
+    msg = check_readable(store_dir)
+    if msg is None:
+        return None
+    rep = FsckReport()
+    rep.problem(msg)
+    rep.problem("the store cannot be repaired in place: restore it from a backup, or copy "
+                "out what still reads (mount it and copy files; damaged ones fail with EIO)")
+    return rep
+
+
 def fsck(store: Store, *, repair: bool = False, verify: bool = False,
          progress: bool = False) -> FsckReport:
     rep = FsckReport()
+    try:
+        return _fsck(store, rep, repair=repair, verify=verify, progress=progress)
+    except errors.StoreError as exc:
+        rep.problem(f"the store could not be read to the end: {exc}")
+        return rep
+
+
+class _Volume:
+    """What fsck gathers about one volume."""
+
+    def __init__(self, name: str, vol: int) -> None:
+        self.name = name
+        self.vol = vol
+        self.inodes: dict[int, Inode] = {}
+        self.names: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        self.subdirs: Counter = Counter()
+        self.block_count: Counter = Counter()
+        self.blocks: dict[int, dict[int, bytes]] = defaultdict(dict)
+        self.dangling: list[tuple[int, bytes, int, int]] = []
+        self.fix_nlink: list[tuple[int, int]] = []
+
+
+def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
+          progress: bool) -> FsckReport:
     db = store.db
-    vols = volumes(store)
-    roots = {root for _, root in vols.values()}
-    with store.env.begin() as txn:
-        inodes: dict[int, Inode] = {}
-        bad_inodes = []
+    vols = {name: _Volume(name, vol) for name, vol in volumes(store).items()}
+    by_id = {v.vol: v for v in vols.values()}
+    refs_found: Counter = Counter()
+    snap_fixes = []
+    with store.txn() as txn:
         for k, v in tqdm(txn.cursor(db=db["inode"]), desc="inodes", disable=not progress,
                          unit=" inodes"):
-            ino = _U64.unpack(k)[0]
+            vol, ino = _VI.unpack(k)
+            volume = by_id.get(vol)
+            if volume is None:
+                rep.problem(f"inode {ino} of unknown volume {vol}")
+                continue
             try:
-                inodes[ino] = Inode.unpack(ino, v)
+                volume.inodes[ino] = Inode.unpack(ino, v)
             except struct.error:
-                bad_inodes.append(ino)
-        for ino in bad_inodes:
-            rep.problem(f"inode {ino}: record does not decode")
-
-        # Names: dentry, dirlist and backlink must agree.
-        names = defaultdict(list)  # child -> [(parent, name)]
-        subdirs = Counter()
-        dangling = []
-        for k, v in txn.cursor(db=db["dentry"]):
-            parent, name = _U64.unpack(k[:8])[0], bytes(k[8:])
-            child, cookie = _U64X2.unpack(v)
-            if child not in inodes or parent not in inodes:
-                rep.problem(f"name {name!r} in dir {parent} points at missing inode {child}")
-                dangling.append((parent, name, child, cookie))
-                continue
-            names[child].append((parent, name))
-            if inodes[child].is_dir:
-                subdirs[parent] += 1
-            dl = txn.get(_U64X2.pack(parent, cookie), db=db["dirlist"])
-            if dl is None or _U64.unpack(dl[:8])[0] != child or bytes(dl[8:]) != name:
-                rep.problem(f"readdir entry missing for {name!r} in dir {parent}")
-            if txn.get(_U64X2.pack(child, parent) + name, db=db["backlink"]) is None:
-                rep.problem(f"backlink missing for {name!r} in dir {parent}")
-        n_dirlist = txn.stat(db["dirlist"])["entries"]
-        n_dentry = txn.stat(db["dentry"])["entries"]
-        n_backlink = txn.stat(db["backlink"])["entries"]
-        if not (n_dirlist == n_dentry == n_backlink):
-            rep.problem(f"name databases disagree: {n_dentry} names, {n_dirlist} readdir "
-                        f"entries, {n_backlink} backlinks")
-
-        orphans = {_U64.unpack(k)[0] for k in txn.cursor(db=db["orphan"]).iternext(values=False)}
-        fix_nlink = []
-        for ino, inode in inodes.items():
-            if ino in roots:
-                continue
-            want = (2 + subdirs[ino]) if inode.is_dir and names[ino] else len(names[ino])
-            if inode.is_dir and not names[ino]:
-                want = 0
-            if inode.nlink != want:
-                rep.problem(f"inode {ino}: link count {inode.nlink}, names found {want}")
-                fix_nlink.append((ino, want))
-            if not names[ino]:
-                if ino in orphans:
-                    rep.problem(f"inode {ino}: orphan (no names) left by an unclean stop")
-                else:
-                    rep.problem(f"inode {ino}: no names and not registered as orphan")
-        for ino in roots:
-            inode = inodes.get(ino)
-            if inode is not None and inode.nlink != 2 + subdirs[ino]:
-                rep.problem(f"root {ino}: link count {inode.nlink}, want {2 + subdirs[ino]}")
-                fix_nlink.append((ino, 2 + subdirs[ino]))
-
-        # Blocks and chunks.
-        refs_found: Counter = Counter()
-        sizes: dict[bytes, int] = {}
-        block_count = Counter()
-        bad_blocks = []
+                rep.problem(f"volume {volume.name!r}: inode {ino} does not decode")
+        for volume in vols.values():
+            _check_names(txn, db, volume, rep)
         for k, v in tqdm(txn.cursor(db=db["block"]), desc="blocks", disable=not progress,
                          unit=" blocks"):
-            ino = _U64.unpack(k[:8])[0]
-            digest = bytes(v)
-            if ino not in inodes:
-                rep.problem(f"block of missing inode {ino}")
-                bad_blocks.append(bytes(k))
+            vol, ino = _VI.unpack(k[:12])
+            volume = by_id.get(vol)
+            if volume is None or ino not in volume.inodes:
+                rep.problem(f"block of missing inode {ino} (volume {vol})")
                 continue
-            refs_found[digest] += 1
-            block_count[ino] += 1
-        records = {bytes(k): _REF.unpack(v) for k, v in txn.cursor(db=db["chunkref"])}
-        damaged_chunks = set()
-        on_disk = set(store.chunks.iter_all())
-        for digest, n in tqdm(refs_found.items(), desc="chunks", disable=not progress,
-                              unit=" chunks"):
-            rec = records.get(digest)
-            if rec is None or rec[0] != n:
-                rep.problem(f"chunk {digest.hex()}: refcount {rec[0] if rec else 'absent'}, "
-                            f"references found {n}")
-            if digest not in on_disk:
-                rep.problem(f"chunk {digest.hex()}: file missing")
-                damaged_chunks.add(digest)
-            elif verify:
-                data = store.chunks.path(digest).read_bytes()
-                sizes[digest] = len(data)
-                if chunk_hash(data) != digest:
-                    rep.problem(f"chunk {digest.hex()}: content does not match its hash")
-                    damaged_chunks.add(digest)
-        for digest, (count, _size) in records.items():
-            if digest not in refs_found and count:
-                rep.problem(f"chunk {digest.hex()}: refcount {count} but no references")
-        stray = [d for d in on_disk if d not in refs_found]
-        if stray:
-            rep.problem(f"{len(stray)} chunk file(s) without references")
-        temps = list(store.chunks.iter_temps())
-        if temps:
-            rep.problem(f"{len(temps)} leftover temporary chunk file(s)")
-        if damaged_chunks:
-            for k, v in txn.cursor(db=db["block"]):
-                if bytes(v) in damaged_chunks:
-                    ino = _U64.unpack(k[:8])[0]
-                    path = _path(store, txn, ino) or f"<inode {ino}>"
-                    if path not in rep.damaged_files:
-                        rep.damaged_files.append(path)
-        for ino, inode in inodes.items():
-            if inode.is_reg and not inode.inline and inode.nblocks != block_count[ino]:
-                rep.problem(f"inode {ino}: block count {inode.nblocks}, found {block_count[ino]}")
+            refs_found[bytes(v)] += 1
+            volume.block_count[ino] += 1
+            volume.blocks[ino][_U64.unpack(k[12:])[0]] = bytes(v)
+        for volume in vols.values():
+            snap_fixes += _check_snapshots(store, txn, volume, rep, refs_found)
+        damaged = _check_content(store, txn, rep, refs_found, verify, progress)
+        if damaged:
+            for volume in vols.values():
+                for ino, blocks in volume.blocks.items():
+                    if any(ref[:16] in damaged for ref in blocks.values()):
+                        view = store.view(volume.name)
+                        path = view._path_in(txn, ino) or f"<inode {ino}>"
+                        rep.damaged_files.append(f"{volume.name}: {path}")
+        index_fix, counter_fix = _check_indexes(store, txn, vols, rep)
+        rep.stats = {"inodes": sum(len(v.inodes) for v in vols.values()),
+                     "content_referenced": len(refs_found),
+                     "chunk_files": len(set(store.chunks.iter_all())), "volumes": len(vols)}
+    if not repair or rep.clean:
+        return rep
+    _repair(store, vols, rep, refs_found, index_fix, counter_fix, snap_fixes)
+    return rep
 
-        # Indexes and counters per volume.
-        want_index: dict[str, set[bytes]] = {"bystep": set(), "agestep": set(), "donestep": set()}
-        counters: dict[int, Counter] = defaultdict(Counter)
-        for inode in inodes.values():
+
+def _check_names(txn, db, volume: _Volume, rep: FsckReport) -> None:
+    vb = _U32.pack(volume.vol)
+    inodes = volume.inodes
+    cur = txn.cursor(db=db["dentry"])
+    n_dentry = 0
+    if cur.set_range(vb):
+        for k, v in cur:
+            if k[:4] != vb:
+                break
+            n_dentry += 1
+            parent, name = _U64.unpack(k[4:12])[0], bytes(k[12:])
+            child, cookie = _U64X2.unpack(v)
+            if child not in inodes or parent not in inodes:
+                rep.problem(f"volume {volume.name!r}: name {name!r} in dir {parent} points "
+                            f"at missing inode {child}")
+                volume.dangling.append((parent, name, child, cookie))
+                continue
+            volume.names[child].append((parent, name))
+            if inodes[child].is_dir:
+                volume.subdirs[parent] += 1
+            dl = txn.get(vb + _U64X2.pack(parent, cookie), db=db["dirlist"])
+            if dl is None or _U64.unpack(dl[:8])[0] != child or bytes(dl[8:]) != name:
+                rep.problem(f"volume {volume.name!r}: readdir entry missing for {name!r}")
+            if txn.get(vb + _U64X2.pack(child, parent) + name, db=db["backlink"]) is None:
+                rep.problem(f"volume {volume.name!r}: backlink missing for {name!r}")
+    for table in ("dirlist", "backlink"):
+        n = 0
+        cur = txn.cursor(db=db[table])
+        if cur.set_range(vb):
+            for k in cur.iternext(values=False):
+                if k[:4] != vb:
+                    break
+                n += 1
+        if n != n_dentry:
+            rep.problem(f"volume {volume.name!r}: {n_dentry} names but {n} {table} records")
+    orphans = set()
+    cur = txn.cursor(db=db["orphan"])
+    if cur.set_range(vb):
+        for k in cur.iternext(values=False):
+            if k[:4] != vb:
+                break
+            orphans.add(_VI.unpack(k)[1])
+    for ino, inode in inodes.items():
+        if ino == ROOT_INO:
+            want = 2 + volume.subdirs[ino]
+        elif inode.is_dir:
+            want = (2 + volume.subdirs[ino]) if volume.names[ino] else 0
+        else:
+            want = len(volume.names[ino])
+        if inode.nlink != want:
+            rep.problem(f"volume {volume.name!r}: inode {ino}: link count {inode.nlink}, "
+                        f"names found {want}")
+            volume.fix_nlink.append((ino, want))
+        if ino != ROOT_INO and not volume.names[ino]:
+            if ino in orphans:
+                rep.problem(f"volume {volume.name!r}: inode {ino}: orphan (no names) left "
+                            "by an unclean stop")
+            else:
+                rep.problem(f"volume {volume.name!r}: inode {ino}: no names and not "
+                            "registered as orphan")
+    if ROOT_INO not in inodes and not _incomplete(txn, db, volume.vol):
+        rep.problem(f"volume {volume.name!r}: root directory missing")
+
+
+def _incomplete(txn, db, vol: int) -> bool:
+    return txn.get(b"v" + _U32.pack(vol) + b":incomplete", db=db["meta"]) is not None
+
+
+def _check_snapshots(store: Store, txn, volume: _Volume, rep: FsckReport,
+                     refs_found: Counter) -> list[tuple[str, bytes, bytes]]:
+    """Snapshot invariants of one volume; fixes as (action, table key, value)."""
+    db = store.db
+    vb = _U32.pack(volume.vol)
+    view = store.view(volume.name)
+    snaps = Snapshots(view)
+    fixes: list[tuple[str, bytes, bytes]] = []
+    retained = []
+    cur = txn.cursor(db=db["snap"])
+    if cur.set_range(vb):
+        for k, v in cur:
+            if k[:4] != vb:
+                break
+            try:
+                json.loads(bytes(v))
+            except ValueError:
+                rep.problem(f"volume {volume.name!r}: snapshot record {bytes(k).hex()} "
+                            "does not decode")
+            retained.append(_U64.unpack(k[4:12])[0])
+    # Entries, grouped by object.
+    entries: dict[bytes, list[tuple[int, bytes]]] = defaultdict(list)
+    cur = txn.cursor(db=db["sver"])
+    if cur.set_range(vb):
+        for k, v in cur:
+            if k[:4] != vb:
+                break
+            okey = bytes(k[4:-8])
+            entries[okey].append((_U64.unpack(k[-8:])[0], bytes(v)))
+    gen = set()
+    cur = txn.cursor(db=db["sgen"])
+    if cur.set_range(vb):
+        for k in cur.iternext(values=False):
+            if k[:4] != vb:
+                break
+            gen.add((_U64.unpack(k[4:12])[0], bytes(k[12:])))
+    want_gen = set()
+    last = _get_u64(txn, db["meta"], b"v" + vb + b":snap_seq")
+    for okey, versions in entries.items():
+        for i, (seq, value) in enumerate(versions):
+            want_gen.add((seq, okey))
+            if seq > last:
+                rep.problem(f"volume {volume.name!r}: entry at seq {seq} after the last "
+                            f"snapshot {last}")
+            try:
+                held = entry_refs(okey, value)
+            except errors.Corrupt as exc:
+                rep.problem(f"volume {volume.name!r}: {exc}")
+                continue
+            nxt = versions[i + 1][0] if i + 1 < len(versions) else None
+            needed = nxt is None or any(seq <= s < nxt for s in retained)
+            if not needed:
+                rep.problem(f"volume {volume.name!r}: snapshot entry {okey.hex()}@{seq} is "
+                            "needed by no snapshot")
+                fixes.append(("drop", vb + okey + _U64.pack(seq), value))
+                continue
+            for ref in held:
+                refs_found[ref] += 1
+    if gen != want_gen:
+        rep.problem(f"volume {volume.name!r}: snapshot change list has "
+                    f"{len(gen - want_gen)} stale and {len(want_gen - gen)} missing records")
+        fixes.append(("regen", vb, b""))
+    if last:
+        dirty = set()
+        cur = txn.cursor(db=db["sdirty"])
+        if cur.set_range(vb):
+            for k in cur.iternext(values=False):
+                if k[:4] != vb:
+                    break
+                dirty.add(bytes(k[4:]))
+        live_okeys = set(snaps._live_okeys(txn))
+        for okey in live_okeys | set(entries):
+            if okey in dirty:
+                continue
+            newest = entries[okey][-1][1] if entries.get(okey) else b""
+            if snaps.live_value(txn, okey) != newest:
+                rep.problem(f"volume {volume.name!r}: object {okey.hex()} changed since the "
+                            "last snapshot but is not marked")
+                fixes.append(("mark", vb + okey, b""))
+    return fixes
+
+
+def _check_content(store: Store, txn, rep: FsckReport, refs_found: Counter, verify: bool,
+                   progress: bool) -> set[bytes]:
+    """Refcounts and presence of content objects; digests of damaged ones."""
+    db = store.db
+    records = {bytes(k): unpack_record(v) for k, v in txn.cursor(db=db["content"])}
+    damaged = set()
+    on_disk = set(store.chunks.iter_all())
+    by_digest: Counter = Counter()
+    for ref, n in refs_found.items():
+        by_digest[ref[:16]] += n
+    for digest, n in tqdm(by_digest.items(), desc="content", disable=not progress,
+                          unit=" objects"):
+        rec = records.get(digest)
+        if rec is None or rec[0] != n:
+            rep.problem(f"content {digest.hex()}: refcount {rec[0] if rec else 'absent'}, "
+                        f"references found {n}")
+        loc = rec[2] if rec else None
+        if loc == LOC_LMDB or (loc is None and txn.get(digest, db=db["blob"]) is not None):
+            blob = txn.get(digest, db=db["blob"])
+            if blob is None:
+                rep.problem(f"inline content {digest.hex()}: missing")
+                damaged.add(digest)
+            elif verify and xxhash.xxh3_128_digest(bytes(blob)) != digest:
+                rep.problem(f"inline content {digest.hex()}: bytes do not match their hash")
+                damaged.add(digest)
+        elif digest not in on_disk:
+            rep.problem(f"chunk {digest.hex()}: file missing")
+            damaged.add(digest)
+        elif verify:
+            data = store.chunks.path(digest).read_bytes()
+            if chunk_hash(data) != digest:
+                rep.problem(f"chunk {digest.hex()}: content does not match its hash")
+                damaged.add(digest)
+    for ref in refs_found:
+        rec = records.get(ref[:16])
+        if rec is not None and rec[2] != ref[16]:
+            rep.problem(f"content {ref[:16].hex()}: a reference names the wrong location")
+    for digest, (count, _size, loc) in records.items():
+        if digest not in by_digest and (count or loc == LOC_LMDB):
+            rep.problem(f"content {digest.hex()}: refcount {count} but no references")
+    cur = txn.cursor(db=db["blob"])
+    stray_blobs = sum(1 for k in cur.iternext(values=False) if bytes(k) not in by_digest)
+    if stray_blobs:
+        rep.problem(f"{stray_blobs} inline object(s) without references")
+    stray = [d for d in on_disk if d not in by_digest]
+    if stray:
+        rep.problem(f"{len(stray)} chunk file(s) without references")
+    temps = list(store.chunks.iter_temps())
+    if temps:
+        rep.problem(f"{len(temps)} leftover temporary chunk file(s)")
+    live = {d: records[d] for d in by_digest if d in records}
+    for key, want in (
+            ("chunk_count", sum(1 for r in live.values() if r[2] == LOC_FILE)),
+            ("chunk_bytes", sum(r[1] for r in live.values() if r[2] == LOC_FILE)),
+            ("blob_count", sum(1 for r in live.values() if r[2] == LOC_LMDB)),
+            ("blob_bytes", sum(r[1] for r in live.values() if r[2] == LOC_LMDB))):
+        have = _get_u64(txn, db["meta"], key.encode())
+        if have != want:
+            rep.problem(f"counter {key} is {have}, want {want}")
+    return damaged
+
+
+def _check_indexes(store: Store, txn, vols: dict[str, _Volume], rep: FsckReport):
+    db = store.db
+    want_index: dict[str, set[bytes]] = {"bystep": set(), "agestep": set(), "donestep": set()}
+    counters: dict[int, Counter] = defaultdict(Counter)
+    for volume in vols.values():
+        c = counters[volume.vol]
+        for inode in volume.inodes.values():
             if inode.is_reg and inode.nlink > 0:
                 for name, key in store._index_keys(inode):
                     want_index[name].add(key)
-                c = counters[inode.vol]
                 c["files"] += 1
                 c["logical_bytes"] += inode.size
                 if inode.inline:
                     c["inline_bytes"] += inode.size
-        index_bad = False
-        for name, want in want_index.items():
-            have = {bytes(k) for k in txn.cursor(db=db[name]).iternext(values=False)}
+            if inode.is_reg and inode.nblocks != volume.block_count[inode.ino]:
+                rep.problem(f"volume {volume.name!r}: inode {inode.ino}: block count "
+                            f"{inode.nblocks}, found {volume.block_count[inode.ino]}")
+        cur = txn.cursor(db=db["xattr"])
+        vb = _U32.pack(volume.vol)
+        if cur.set_range(vb):
+            for k, v in cur:
+                if k[:4] != vb:
+                    break
+                c["xattr_bytes"] += len(k) - 12 + len(v)
+    index_bad = False
+    for name, want in want_index.items():
+        have = {bytes(k) for k in txn.cursor(db=db[name]).iternext(values=False)}
+        if have != want:
+            index_bad = True
+            rep.problem(f"index {name}: {len(have - want)} stale, {len(want - have)} missing")
+    counter_bad = []
+    for volume in vols.values():
+        vp = b"v" + _U32.pack(volume.vol) + b":"
+        for key in ("files", "logical_bytes", "inline_bytes", "xattr_bytes"):
+            have = _get_u64(txn, db["meta"], vp + key.encode())
+            want = counters[volume.vol][key]
             if have != want:
-                index_bad = True
-                rep.problem(f"index {name}: {len(have - want)} stale, {len(want - have)} missing")
-        counter_bad = []
-        for _name, (vol, _root) in vols.items():
-            vp = b"v" + struct.pack(">I", vol) + b":"
-            for key in ("files", "logical_bytes", "inline_bytes"):
-                have = _get_u64(txn, db["meta"], vp + key.encode())
-                if have != counters[vol][key]:
-                    rep.problem(f"volume {vol}: counter {key} is {have}, want {counters[vol][key]}")
-                    counter_bad.append((vp + key.encode(), counters[vol][key]))
-        live = {d: records.get(d, (0, 0))[1] for d in refs_found}
-        for key, want in (("chunk_count", len(live)), ("chunk_bytes", sum(live.values()))):
-            have = _get_u64(txn, db["meta"], key.encode())
-            if have != want:
-                rep.problem(f"counter {key} is {have}, want {want}")
-                counter_bad.append((key.encode(), want))
-        rep.stats = {"inodes": len(inodes), "chunks_referenced": len(refs_found),
-                     "chunk_files": len(on_disk), "volumes": len(vols)}
+                rep.problem(f"volume {volume.name!r}: counter {key} is {have}, want {want}")
+                counter_bad.append((vp + key.encode(), want))
+    return (want_index if index_bad else None), counter_bad
 
-    if not repair or rep.clean:
-        return rep
 
-    with store.env.begin(write=True) as txn:
-        for parent, name, child, cookie in dangling:
-            txn.delete(_U64.pack(parent) + name, db=db["dentry"])
-            txn.delete(_U64X2.pack(parent, cookie), db=db["dirlist"])
-            txn.delete(_U64X2.pack(child, parent) + name, db=db["backlink"])
-            rep.repaired.append(f"dropped dangling name {name!r}")
-        for ino, want in fix_nlink:
-            inode = inodes[ino]
-            inode.nlink = want
-            txn.put(_U64.pack(ino), inode.pack(), db=db["inode"])
-            if want == 0:
-                txn.put(_U64.pack(ino), b"", db=db["orphan"])
-            rep.repaired.append(f"inode {ino}: link count set to {want}")
-        for ino in inodes:
-            if not names[ino] and ino not in roots:
-                txn.put(_U64.pack(ino), b"", db=db["orphan"])
-        for key in bad_blocks:
-            txn.delete(key, db=db["block"])
-        for digest, n in refs_found.items():
-            size = records.get(digest, (0, sizes.get(digest, 0)))[1]
-            txn.put(digest, _REF.pack(n, size), db=db["chunkref"])
+def _repair(store: Store, vols: dict[str, _Volume], rep: FsckReport, refs_found: Counter,
+            index_fix, counter_fix, snap_fixes) -> None:
+    db = store.db
+    with store.txn(write=True) as txn:
+        for volume in vols.values():
+            vb = _U32.pack(volume.vol)
+            for parent, name, child, cookie in volume.dangling:
+                txn.delete(vb + _U64.pack(parent) + name, db=db["dentry"])
+                txn.delete(vb + _U64X2.pack(parent, cookie), db=db["dirlist"])
+                txn.delete(vb + _U64X2.pack(child, parent) + name, db=db["backlink"])
+                rep.repaired.append(f"dropped dangling name {name!r}")
+            for ino, want in volume.fix_nlink:
+                inode = volume.inodes[ino]
+                inode.nlink = want
+                txn.put(_VI.pack(volume.vol, ino), inode.pack(), db=db["inode"])
+                rep.repaired.append(f"volume {volume.name!r}: inode {ino}: link count set "
+                                    f"to {want}")
+            for ino in volume.inodes:
+                if ino != ROOT_INO and not volume.names[ino]:
+                    txn.put(_VI.pack(volume.vol, ino), b"", db=db["orphan"])
+            for ino, inode in volume.inodes.items():
+                if inode.is_reg and inode.nblocks != volume.block_count[ino]:
+                    inode.nblocks = volume.block_count[ino]
+                    txn.put(_VI.pack(volume.vol, ino), inode.pack(), db=db["inode"])
+        for action, key, value in snap_fixes:
+            if action == "drop":
+                for ref in entry_refs(key[4:-8], value):
+                    refs_found[ref] -= 1
+                txn.delete(key, db=db["sver"])
+                rep.repaired.append("dropped a snapshot entry no snapshot needs")
+            elif action == "mark":
+                txn.put(key, b"", db=db["sdirty"])
+                rep.repaired.append("marked an unrecorded change for the next snapshot")
+        for vb in {key[:4] for action, key, _ in snap_fixes if action in ("regen", "drop")}:
+            _rebuild_sgen(txn, db, vb)
+        if any(a == "regen" for a, _, _ in snap_fixes):
+            rep.repaired.append("snapshot change lists rebuilt")
+        records = {bytes(k): unpack_record(v) for k, v in txn.cursor(db=db["content"])}
+        by_digest: Counter = Counter()
+        loc_of = {}
+        for ref, n in refs_found.items():
+            by_digest[ref[:16]] += n
+            loc_of[ref[:16]] = ref[16]
+        for digest, n in by_digest.items():
+            rec = records.get(digest)
+            if n <= 0:
+                continue
+            if rec is None:
+                size = len(txn.get(digest, db=db["blob"]) or b"")
+                if loc_of[digest] == LOC_FILE:
+                    try:
+                        size = store.chunks.path(digest).stat().st_size
+                    except FileNotFoundError:
+                        size = 0
+                txn.put(digest, pack_record(n, size, loc_of[digest]), db=db["content"])
+            elif rec[0] != n:
+                txn.put(digest, pack_record(n, rec[1], rec[2]), db=db["content"])
         for digest in records:
-            if digest not in refs_found:
-                txn.delete(digest, db=db["chunkref"])
-        for ino, inode in inodes.items():
-            if inode.is_reg and not inode.inline and inode.nblocks != block_count[ino]:
-                inode.nblocks = block_count[ino]
-                txn.put(_U64.pack(ino), inode.pack(), db=db["inode"])
-        if index_bad:
-            for name, want in want_index.items():
+            if by_digest.get(digest, 0) <= 0:
+                txn.delete(digest, db=db["content"])
+                txn.delete(digest, db=db["blob"])
+        for k in list(txn.cursor(db=db["blob"]).iternext(values=False)):
+            if by_digest.get(bytes(k), 0) <= 0:
+                txn.delete(bytes(k), db=db["blob"])
+        if index_fix is not None:
+            for name, want in index_fix.items():
                 txn.drop(db[name], delete=False)
                 for key in want:
                     txn.put(key, b"", db=db[name])
             rep.repaired.append("step indexes rebuilt")
-        for key, want in counter_bad:
+        for key, want in counter_fix:
             txn.put(key, _U64.pack(want), db=db["meta"])
-        if counter_bad:
+        live = [unpack_record(v) for k, v in txn.cursor(db=db["content"])]
+        for key, want in (
+                (b"chunk_count", sum(1 for r in live if r[2] == LOC_FILE and r[0])),
+                (b"chunk_bytes", sum(r[1] for r in live if r[2] == LOC_FILE and r[0])),
+                (b"blob_count", sum(1 for r in live if r[2] == LOC_LMDB)),
+                (b"blob_bytes", sum(r[1] for r in live if r[2] == LOC_LMDB))):
+            txn.put(key, _U64.pack(want), db=db["meta"])
+        if counter_fix:
             rep.repaired.append("counters rewritten")
     # Orphans: nothing can reach them with no daemon running.
-    for ino in store.orphans():
-        store.free_inode(ino)
-        rep.repaired.append(f"freed orphan inode {ino}")
+    for volume in vols.values():
+        view = store.view(volume.name)
+        for ino in view.orphans():
+            view.free_inode(ino)
+            rep.repaired.append(f"volume {volume.name!r}: freed orphan inode {ino}")
     gc = store.gc_chunks(min_temp_age_s=0)
     if gc["chunks_removed"] or gc["temps_removed"]:
         rep.repaired.append(f"removed {gc['chunks_removed']} stray chunk file(s) and "
                             f"{gc['temps_removed']} temporary file(s)")
-    return rep
 
 
-def _path(store: Store, txn, ino: int) -> str | None:
-    return store._path_in(txn, ino)
-
+def _rebuild_sgen(txn, db, vb: bytes) -> None:
+    cur = txn.cursor(db=db["sgen"])
+    if cur.set_range(vb):
+        while cur.key()[:4] == vb:
+            if not cur.delete() or not cur.key():
+                break
+    cur = txn.cursor(db=db["sver"])
+    if cur.set_range(vb):
+        for k in list(cur.iternext(values=False)):
+            k = bytes(k)
+            if k[:4] != vb:
+                break
+            okey = k[4:-8]
+            assert okey_len(k, 4) == len(okey)
+            txn.put(vb + k[-8:] + okey, b"", db=db["sgen"])

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import stat
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 STATUS_ACTIVE = 0
 STATUS_DONE = 1
 STATUS_NAMES = {STATUS_ACTIVE: "active", STATUS_DONE: "done"}
 STATUS_BY_NAME = {v: k for k, v in STATUS_NAMES.items()}
 
-# Big-endian, fixed width; the content hash is appended only when known.
+# Big-endian, fixed width.
 _FORMAT = struct.Struct(">IIIIIIQqqqIQBBBQ")
-HASH_LEN = 16
 
 
 @dataclass(slots=True)
@@ -21,8 +20,7 @@ class Inode:
     """Attributes of one inode.
 
     `step` is the agent step of the last create or content change; `inline` says
-    whether the content lives in the `data` database (True) or in chunks (False);
-    `hash` is the cached xxh3-128 of the whole content, empty when not yet known.
+    whether all content is small enough to live in LMDB (one block at most).
     """
 
     ino: int
@@ -41,8 +39,7 @@ class Inode:
     status: int = STATUS_ACTIVE
     pinned: bool = False
     inline: bool = True
-    hash: bytes = field(default=b"")
-    #: number of stored (non-hole) chunks, for st_blocks
+    #: number of stored (non-hole) blocks, for st_blocks
     nblocks: int = 0
 
     def copy(self) -> Inode:
@@ -65,12 +62,11 @@ class Inode:
         return STATUS_NAMES[self.status]
 
     def pack(self) -> bytes:
-        head = _FORMAT.pack(
+        return _FORMAT.pack(
             self.vol, self.mode, self.nlink, self.uid, self.gid, self.rdev,
             self.size, self.atime_ns, self.mtime_ns, self.ctime_ns, self.gen,
             self.step, self.status, int(self.pinned), int(self.inline), self.nblocks,
         )
-        return head + self.hash
 
     @classmethod
     def unpack(cls, ino: int, raw: bytes) -> Inode:
@@ -78,5 +74,9 @@ class Inode:
          status, pinned, inline, nblocks) = _FORMAT.unpack_from(raw)
         return cls(
             ino, vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen,
-            step, status, bool(pinned), bool(inline), bytes(raw[_FORMAT.size:]), nblocks,
+            step, status, bool(pinned), bool(inline), nblocks,
         )
+
+
+#: bytes of a packed inode record
+INODE_SIZE = _FORMAT.size

@@ -1,17 +1,18 @@
-"""Content of regular files while they are in use: write buffers and tiering.
+"""Content of regular files while they are in use: write buffers and commits.
 
 Writes land in per-block buffers (`bytearray` per chunk-sized block) and are
 committed to the store when a block fills up, when dirty memory passes a limit,
-and on flush/fsync/release. A file whose size is at most `inline_max` is
-committed inline; a larger one as chunks. The store does the transactions;
-this module decides what to commit and when.
+and on flush/fsync/release. A committed block always holds exactly its extent
+of the file (the last one is shorter), so its digest is what the file hash of
+`filehash` needs; the store decides where each block lives (inline in LMDB
+when small, a chunk file otherwise). The store does the transactions; this
+module decides what to commit and when.
 """
 
 from __future__ import annotations
 
-import xxhash
-
 from . import errors
+from .content import LOC_FILE, ref_digest, ref_loc
 from .inode import Inode
 from .store import Store, now_ns
 
@@ -19,7 +20,7 @@ from .store import Store, now_ns
 class OpenFile:
     """One regular file with open handles (or a transient truncate)."""
 
-    __slots__ = ("inode", "committed_size", "handles", "dirty", "attr_dirty", "blocks", "inline_data",
+    __slots__ = ("inode", "committed_size", "handles", "dirty", "attr_dirty", "blocks",
                  "drop_from", "version", "unsynced")
 
     def __init__(self, inode: Inode, blocks: dict[int, bytes]) -> None:
@@ -28,11 +29,10 @@ class OpenFile:
         self.handles = 0
         self.dirty: dict[int, bytearray | bytes] = {}  # bytes: a whole, untouched block
         self.attr_dirty = False
-        self.blocks = blocks            # committed chunk hashes by block index
-        self.inline_data: bytes | None = None   # cached committed inline content
+        self.blocks = blocks            # committed block references by index
         self.drop_from: int | None = None       # pending truncate of committed blocks
         self.version = 0                # bumped on every content change
-        self.unsynced: set[bytes] = set()       # chunks committed since last fsync
+        self.unsynced: set[bytes] = set()       # chunk files committed since last fsync
 
     @property
     def is_dirty(self) -> bool:
@@ -47,14 +47,16 @@ class OpenFiles:
         if inline_max > chunk_size:
             raise ValueError("inline_max must not exceed chunk_size")
         self.store = store
-        self.chunks = store.chunks
+        store.inline_max = inline_max
+        if store.chunk_size is None:
+            store.chunk_size = store._chunk_size(chunk_size)
+        if store.chunk_size != chunk_size:
+            raise ValueError(f"the store's chunk size is {store.chunk_size}, not {chunk_size}")
         self.cs = chunk_size
         self.inline_max = inline_max
         self.dirty_limit = dirty_limit
         self.files: dict[int, OpenFile] = {}
         self.dirty_bytes = 0
-        # Last content version the kernel has cached per inode, for keep_cache.
-        self.cached_version: dict[int, int] = {}
 
     # ------------------------------------------------------------ lifetime
 
@@ -67,7 +69,7 @@ class OpenFiles:
         if of is None:
             if inode is None:
                 inode = self.store.get_inode(ino)
-            of = OpenFile(inode, {} if inode.inline else self.store.block_map(ino))
+            of = OpenFile(inode, self.store.block_map(ino) if inode.is_reg else {})
             self.files[ino] = of
         of.handles += 1
         return of
@@ -92,6 +94,29 @@ class OpenFiles:
             of.inode.nlink = stored.nlink
             of.inode.ctime_ns = stored.ctime_ns
 
+    def reload(self, ino: int) -> None:
+        """Take an open file's state from the store again (after a restore).
+
+        Its buffers were committed before the store changed under it.
+        """
+        of = self.files.get(ino)
+        if of is None:
+            return
+        self.dirty_bytes -= sum(len(b) for b in of.dirty.values())
+        of.dirty.clear()
+        of.drop_from = None
+        of.attr_dirty = False
+        try:
+            of.inode = self.store.get_inode(ino)
+        except errors.NotFound:
+            of.inode.nlink = 0
+            of.inode.size = 0
+            of.blocks = {}
+        else:
+            of.blocks = self.store.block_map(ino) if of.inode.is_reg else {}
+        of.committed_size = of.inode.size
+        of.version += 1
+
     def attrs(self, ino: int) -> Inode:
         """Current attributes: the in-memory ones while the file is open."""
         of = self.files.get(ino)
@@ -99,39 +124,27 @@ class OpenFiles:
 
     # ---------------------------------------------------------------- read
 
-    def _inline(self, of: OpenFile) -> bytes:
-        if of.inline_data is None:
-            # A file that was empty when committed has nothing to read.
-            of.inline_data = (self.store.read_inline(of.inode.ino) if of.committed_size
-                              else b"")
-        return of.inline_data
-
     def uncached_chunks(self, of: OpenFile, off: int, size: int) -> list[bytes]:
-        """Chunks a read of this range needs that are not in memory yet."""
-        if of.inode.inline:
-            return []
+        """Chunk files a read of this range needs that are not in memory yet."""
         end = min(off + size, of.inode.size)
         out = []
         for idx in range(off // self.cs, -(-end // self.cs)):
-            digest = of.blocks.get(idx)
-            if digest and idx not in of.dirty and not self.chunks.is_cached(digest):
-                out.append(digest)
+            ref = of.blocks.get(idx)
+            if ref and idx not in of.dirty and not self.store.content.is_cached(ref):
+                out.append(ref_digest(ref))
         return out
 
     def next_chunk(self, of: OpenFile, off: int, size: int) -> bytes | None:
-        """The chunk after this range, worth prefetching for a sequential reader."""
-        if of.inode.inline:
-            return None
-        digest = of.blocks.get(-(-(off + size) // self.cs))
-        return digest if digest and not self.chunks.is_cached(digest) else None
+        """The chunk file after this range, worth prefetching for a sequential reader."""
+        ref = of.blocks.get(-(-(off + size) // self.cs))
+        if ref and ref_loc(ref) == LOC_FILE and not self.store.content.is_cached(ref):
+            return ref_digest(ref)
+        return None
 
     def read(self, of: OpenFile, off: int, size: int) -> bytes:
         end = min(off + size, of.inode.size)
         if off >= end:
             return b""
-        if of.inode.inline and 0 not in of.dirty:
-            data = self._inline(of)[off:end]
-            return data if len(data) == end - off else data.ljust(end - off, b"\0")
         cs = self.cs
         parts = []
         pos = off
@@ -142,8 +155,8 @@ class OpenFiles:
             if blk is not None:
                 piece = bytes(blk[boff:boff + n])
             else:
-                digest = of.blocks.get(idx)
-                piece = self.chunks.read(digest, boff, n) if digest else b""
+                ref = of.blocks.get(idx)
+                piece = self.store.read_block(ref, boff, n) if ref else b""
             if len(piece) < n:
                 piece += bytes(n - len(piece))
             parts.append(piece)
@@ -151,12 +164,10 @@ class OpenFiles:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _committed_block(self, of: OpenFile, idx: int) -> bytearray:
-        if of.inode.inline:
-            return bytearray(self._inline(of)) if idx == 0 else bytearray()
-        digest = of.blocks.get(idx)
-        if digest is None:
+        ref = of.blocks.get(idx)
+        if ref is None:
             return bytearray()
-        return bytearray(self.chunks.read(digest, 0, self.cs))
+        return bytearray(self.store.read_block(ref, 0, self.cs))
 
     def _load_dirty(self, of: OpenFile, idx: int) -> bytearray:
         """The buffered block `idx`, made mutable, loaded from the store if needed."""
@@ -173,10 +184,6 @@ class OpenFiles:
 
     def write(self, of: OpenFile, off: int, buf: bytes) -> int:
         cs = self.cs
-        if of.inode.inline:
-            # Inline content is block 0; it must be committed together with
-            # whatever comes next, so keep it in the buffers from now on.
-            self._load_dirty(of, 0)
         view = memoryview(buf)
         pos = off
         full: list[int] = []
@@ -184,17 +191,16 @@ class OpenFiles:
             idx, boff = divmod(pos, cs)
             n = min(cs - boff, len(view))
             blk = of.dirty.get(idx)
-            if blk is None:
-                if boff == 0 and n == cs:
-                    # A whole block, kept as immutable bytes: the usual 1 MiB
-                    # write of a large file is then committed without a copy.
-                    blk = buf if n == len(buf) and isinstance(buf, bytes) else bytes(view[:n])
-                    of.dirty[idx] = blk
-                    self.dirty_bytes += n
-                    full.append(idx)
-                    pos += n
-                    view = view[n:]
-                    continue
+            if blk is None and boff == 0 and n == cs:
+                # A whole block, kept as immutable bytes: the usual 1 MiB
+                # write of a large file is then committed without a copy.
+                blk = buf if n == len(buf) and isinstance(buf, bytes) else bytes(view[:n])
+                of.dirty[idx] = blk
+                self.dirty_bytes += n
+                full.append(idx)
+                pos += n
+                view = view[n:]
+                continue
             blk = self._load_dirty(of, idx)
             before = len(blk)
             if before < boff:
@@ -206,11 +212,10 @@ class OpenFiles:
             pos += n
             view = view[n:]
         end = off + len(buf)
-        t = now_ns()
         inode = of.inode
         if end > inode.size:
             inode.size = end
-        inode.mtime_ns = inode.ctime_ns = t
+        inode.mtime_ns = inode.ctime_ns = now_ns()
         of.attr_dirty = True
         of.version += 1
         if inode.size <= self.inline_max or end >= inode.size \
@@ -224,19 +229,17 @@ class OpenFiles:
             # Writes into the middle of a large file (mmap, dd conv=notrunc)
             # commit whole chunks only, so a chunk is not rewritten per page;
             # the rest waits for release or fsync.
-            self._flush_blocks(of, full)
+            self._commit_blocks(of, sorted(set(full)))
         return len(buf)
 
     def truncate(self, of: OpenFile, size: int) -> None:
         cs = self.cs
         inode = of.inode
-        if inode.inline:
-            self._load_dirty(of, 0)
         if size < inode.size:
             keep = -(-size // cs)  # blocks that still hold data
             for idx in [i for i in of.dirty if i >= keep]:
                 self.dirty_bytes -= len(of.dirty.pop(idx))
-            if not inode.inline and any(i >= keep for i in of.blocks):
+            if any(i >= keep for i in of.blocks):
                 for idx in [i for i in of.blocks if i >= keep]:
                     del of.blocks[idx]
                 of.drop_from = keep if of.drop_from is None else min(of.drop_from, keep)
@@ -246,14 +249,6 @@ class OpenFiles:
                 if len(blk) > tail:
                     self.dirty_bytes -= len(blk) - tail
                     del blk[tail:]
-            if size <= self.inline_max and not inode.inline:
-                self._load_dirty(of, 0)
-            if inode.inline:
-                # Block 0 stays buffered (possibly empty) so no later write
-                # reloads the committed, now cut-off, inline bytes.
-                of.dirty.setdefault(0, bytearray())
-                if of.inline_data is not None:
-                    of.inline_data = of.inline_data[:size]
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = now_ns()
         of.attr_dirty = True
@@ -261,103 +256,70 @@ class OpenFiles:
 
     # -------------------------------------------------------------- commit
 
-    def _cut(self, of: OpenFile, idx: int) -> bytearray:
-        """A dirty block limited to the file size (bytes past EOF are not kept)."""
+    def _extent(self, of: OpenFile, idx: int) -> int:
+        return max(min(self.cs, of.inode.size - idx * self.cs), 0)
+
+    def _exact(self, of: OpenFile, idx: int) -> bytes | bytearray:
+        """A dirty block cut or zero-padded to exactly its extent of the file."""
         blk = of.dirty[idx]
-        limit = of.inode.size - idx * self.cs
-        if len(blk) > limit:
-            blk = self._load_dirty(of, idx)
-            del blk[max(limit, 0):]
+        want = self._extent(of, idx)
+        if len(blk) == want:
+            return blk
+        blk = self._load_dirty(of, idx)
+        before = len(blk)
+        if before > want:
+            del blk[want:]
+        else:
+            blk.extend(bytes(want - before))
+        self.dirty_bytes += len(blk) - before
         return blk
 
-    def _flush_blocks(self, of: OpenFile, idxs: list[int]) -> None:
-        """Commit some full blocks early, to bound buffered memory."""
-        if of.inode.inline:
-            idxs = sorted(set(idxs) | {0})
-        blocks = {i: self._cut(of, i) for i in idxs if i in of.dirty}
-        self._commit_blocks(of, blocks)
+    def _pad_tail(self, of: OpenFile) -> None:
+        """The file grew past a short last block: that block must be stored
+        again at its new length (a block's digest covers its whole extent)."""
+        old = of.committed_size
+        if old % self.cs and of.inode.size > old:
+            idx = old // self.cs
+            if idx in of.blocks and idx not in of.dirty:
+                self._load_dirty(of, idx)
 
-    def _commit_blocks(self, of: OpenFile, blocks: dict[int, bytearray]) -> None:
-        committed, hashes = self.store.commit_content(
+    def _commit_blocks(self, of: OpenFile, idxs: list[int]) -> None:
+        self._pad_tail(of)
+        idxs = sorted(set(idxs) | ({of.committed_size // self.cs} & of.dirty.keys()))
+        blocks = {i: self._exact(of, i) for i in idxs if i in of.dirty}
+        committed, refs = self.store.commit_content(
             of.inode, blocks=blocks, drop_blocks_from=of.drop_from)
         of.drop_from = None
         of.attr_dirty = False  # the committed record carries the current attributes
-        for idx, digest in hashes.items():
+        for idx, ref in refs.items():
             self.dirty_bytes -= len(of.dirty.pop(idx, b""))
-            if digest is None:
+            if ref is None:
                 of.blocks.pop(idx, None)
             else:
-                of.blocks[idx] = digest
-                of.unsynced.add(digest)
-        of.inline_data = None
-        self._adopt(of, committed)
-
-    def _adopt(self, of: OpenFile, committed: Inode) -> None:
-        # Keep in-memory attributes that may have moved on; take the step and
-        # tier from what was committed.
+                of.blocks[idx] = ref
+                if ref_loc(ref) == LOC_FILE:
+                    of.unsynced.add(ref_digest(ref))
         of.committed_size = committed.size
         of.inode.step = committed.step
         of.inode.inline = committed.inline
         of.inode.nblocks = committed.nblocks
-        of.inode.hash = b""
 
     def flush(self, of: OpenFile) -> None:
         """Commit everything buffered for this file."""
         if not of.is_dirty:
             return
-        inode = of.inode
-        if inode.size <= self.inline_max:
-            blk = of.dirty.get(0)
-            if blk is None:
-                blk = self._committed_block(of, 0)
-            data = bytes(blk[:inode.size]).ljust(inode.size, b"\0")
-            committed, _ = self.store.commit_content(inode, inline_data=data)
-            for digest in list(of.blocks.values()):
-                of.unsynced.discard(digest)
-            of.blocks.clear()
-            self.dirty_bytes -= sum(len(b) for b in of.dirty.values())
-            of.dirty.clear()
-            of.drop_from = None
-            of.inline_data = data
-            self._adopt(of, committed)
-        else:
-            blocks = {i: self._cut(of, i) for i in sorted(of.dirty)}
-            self._commit_blocks(of, blocks)
-        of.attr_dirty = False
+        self._pad_tail(of)
+        self._commit_blocks(of, list(of.dirty))
 
-    def content_hash(self, ino: int, *, cache: bool = True) -> bytes:
-        """xxh3-128 of the whole content, cached in the inode until it changes.
-
-        `cache=False` skips writing the result back (eviction hashes files it
-        is about to delete: a write transaction each would be wasted).
-        """
+    def content_hash(self, ino: int) -> bytes:
+        """The file hash (see `filehash`): from block digests, no content read."""
         of = self.files.get(ino)
         if of is not None:
             self.flush(of)
-            inode = of.inode
+            inode, blocks = of.inode, of.blocks
         else:
             inode = self.store.get_inode(ino)
+            blocks = self.store.block_map(ino) if inode.is_reg else {}
         if not inode.is_reg:
             raise errors.InvalidArgument("not a regular file")
-        stored = inode  # an open file was just flushed: its record is the stored one
-        if stored.hash:
-            return stored.hash
-        h = xxhash.xxh3_128()
-        if stored.inline:
-            h.update(self.store.read_inline(ino).ljust(stored.size, b"\0"))
-        else:
-            blocks = of.blocks if of is not None else self.store.block_map(ino)
-            cs = self.cs
-            for idx in range(-(-stored.size // cs)):
-                n = min(cs, stored.size - idx * cs)
-                digest = blocks.get(idx)
-                piece = self.chunks.read(digest, 0, n) if digest else b""
-                h.update(piece)
-                if len(piece) < n:
-                    h.update(bytes(n - len(piece)))
-        digest = h.digest()
-        if cache:
-            self.store.set_hash(ino, digest)
-        if of is not None:
-            of.inode.hash = digest
-        return digest
+        return self.store.file_hash(inode.size, blocks)

@@ -13,11 +13,13 @@ def store_status(store) -> dict:
     c = store.counters()
     logical = c["logical_bytes"]
     inline = c["inline_bytes"]
-    stored = inline + c["chunk_bytes"]
+    stored = c["blob_bytes"] + c["chunk_bytes"]
     return {
         "version": __version__,
         "store": str(store.dir),
         "volume": store.volume,
+        "run": store.run_id,
+        "chunk_size": store.chunk_size,
         "step": c["step"],
         "files": c["files"],
         "logical_bytes": logical,
@@ -25,6 +27,9 @@ def store_status(store) -> dict:
         "chunked_bytes": logical - inline,
         "chunk_count": c["chunk_count"],
         "chunk_bytes": c["chunk_bytes"],
+        "blob_count": c["blob_count"],
+        "blob_bytes": c["blob_bytes"],
+        "xattr_bytes": c["xattr_bytes"],
         "stored_bytes": stored,
         "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
     }
@@ -45,7 +50,10 @@ def live_status(daemon) -> dict:
         "counters": {**ops.counters.as_dict(), "evicted": ev.evicted_total,
                      "enospc": ev.enospc_total,
                      "chunk_cache_hits": daemon.store.chunks.cache_hits,
-                     "chunk_cache_misses": daemon.store.chunks.cache_misses},
+                     "chunk_cache_misses": daemon.store.chunks.cache_misses,
+                     # LMDB's last transaction id: write transactions so far.
+                     "lmdb_write_txns": daemon.store.env.info()["last_txnid"]},
+        "requests": dict(ops.counters.requests),  # FUSE requests by handler
         "config": daemon.config.as_dict(),
     })
     return doc

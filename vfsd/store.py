@@ -1,94 +1,107 @@
 """The metadata store: one LMDB environment, the only module that knows its layout.
 
-A store directory holds `lmdb/` (this environment) and `chunks/` (see `chunks`).
-One store may serve several volumes (one per run dir); inode numbers are global,
-so only the step indexes, logs and counters carry the volume id.
+A store directory holds `lmdb/` (this environment), `chunks/` (see `chunks`)
+and `locks/`. One store may serve several volumes (one per run dir or fork);
+every per-file key starts with the volume id, so volumes never see each
+other's inodes and inode numbers are per volume (a volume's root is inode 1).
 
-Named databases (all integers big-endian, so range scans run in order):
+Schema version 2. Integers are big-endian, so range scans run in order;
+`vi` below is vol u32 + ino u64.
 
-`meta`       ascii key -> value. Global: `schema` (u32 SCHEMA_VERSION),
-             `chunk_size` (u64, fixed when the store is created),
-             `next_ino`, `next_cookie`, `next_vol` (u64), `chunk_count`,
-             `chunk_bytes` (u64, over chunks with refcount > 0). Per volume, the
-             key is prefixed `v<vol u32>:`: `step` (u64 current agent step),
-             `files`, `logical_bytes`, `inline_bytes` (u64 counters over regular
-             files), `evict_seq` (u64, next eviction log sequence number).
-`volume`     volume name (utf-8) -> vol u32 + root ino u64.
-`inode`      ino u64 -> `Inode.pack()`. Inode numbers are never reused.
-`dentry`     parent u64 + name -> child u64 + cookie u64.
-`dirlist`    parent u64 + cookie u64 -> child u64 + name. The cookie is the
-             entry's readdir offset: allocated from `next_cookie` when the entry
-             is made, so offsets stay valid while other entries come and go.
-`backlink`   child u64 + parent u64 + name -> b"". Names of an inode, to build
-             paths for references and logs without a tree walk.
-`data`       ino u64 -> bytes. Inline content (inode.inline) or symlink target.
-`block`      ino u64 + block index u64 -> chunk hash (16 bytes). A missing block
-             inside the file size is a hole (reads as zeros).
-`chunkref`   chunk hash -> refcount u64 + size u32. Invariant: a record with
-             refcount > 0 names a chunk file present on disk. A record with
-             refcount 0 is a tombstone waiting for its file to be deleted and
-             counts as absent.
-`xattr`      ino u64 + name -> value.
-`bystep`     vol u32 + step u64 + ino u64 -> b"", every regular file, by the
-             step of its last change (for `changes`).
-`agestep`    same key, unpinned regular files only (max-age and quota eviction).
-`donestep`   same key, unpinned regular files with status done.
-`orphan`     ino u64 -> b"". Inodes with no names left whose storage waits for
-             the last open handle or kernel reference; freed at the next start.
-`evicted`    vol u32 + seq u64 -> JSON eviction record (bounded log).
-`evictino`   ino u64 -> vol u32 + seq u64, to answer `resolve` of an evicted ref.
-`removed`    vol u32 + step u64 + ino u64 -> JSON removal record (bounded log,
-             for `changes`).
+`meta`      ascii key -> value. Global: `schema` (u32 SCHEMA_VERSION),
+            `chunk_size` (u64, fixed when the store is created), `next_vol`,
+            `chunk_count`, `chunk_bytes`, `blob_count`, `blob_bytes` (u64, over
+            content objects that have references). Per volume, the key is
+            prefixed `v<vol u32>:`: `name` (utf-8), `run` (run id, ascii hex),
+            `next_ino`, `next_cookie`, `step` (u64 current agent step),
+            `files`, `logical_bytes`, `inline_bytes` (u64 counters over live
+            regular files), `xattr_bytes` (over every inode), `evict_seq`,
+            `evicted_n`, `removed_n` (log bookkeeping), `incomplete` (present
+            while a fork is being copied in), and the keys of `snapshots`.
+`volume`    volume name (utf-8) -> vol u32 + root ino u64 (always 1).
+`inode`     vi -> `Inode.pack()`. Inode numbers are never reused in a volume.
+`dentry`    vi(parent) + name -> child u64 + cookie u64.
+`dirlist`   vi(parent) + cookie u64 -> child u64 + name. The cookie is the
+            entry's readdir offset, allocated from `next_cookie` when the entry
+            is made, so offsets stay valid while other entries come and go.
+`backlink`  vi(child) + parent u64 + name -> b"". Names of an inode, to build
+            paths for references and logs without a tree walk.
+`link`      vi -> symlink target.
+`block`     vi + block index u64 -> block reference (17 bytes: digest and
+            location, see `content`). A missing block inside the file size is a
+            hole (reads as zeros).
+`content`   digest (16) -> refcount u64 + size u32 + location u8. Invariant:
+            a record with refcount > 0 names an object that is present, in
+            `blob` (location LMDB) or as a chunk file (location FILE). A FILE
+            record with refcount 0 is a tombstone waiting for its file to be
+            deleted and counts as absent; LMDB records go with their last
+            reference. References are held by live blocks and snapshot entries.
+`blob`      digest -> bytes of a small (inline) object.
+`xattr`     vi + name -> value.
+`bystep`    vol u32 + step u64 + ino u64 -> b"", every regular file with a
+            name, by the step of its last change (for `changes`).
+`agestep`   same key, unpinned regular files only (max-age and quota eviction).
+`donestep`  same key, unpinned regular files with status done.
+`orphan`    vi -> b"". Inodes with no names left whose storage waits for the
+            last open handle or kernel reference; freed at the volume's next start.
+`evicted`, `evictino`, `removed`: the bounded logs, see `eventlog`.
+`snap`, `sgone`, `sver`, `sgen`, `sdirty`: snapshots, see `snapshots`.
 
 Chunk files are created (renamed into place) and deleted only inside an LMDB
 write transaction, which serializes them against other processes sharing the
 store: a daemon never deletes a chunk another one has just re-referenced.
+LMDB's own exceptions never leave this module: `txn()` turns them into
+`errors.NoSpace`, `errors.Corrupt` or `errors.StoreError`.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import copy
 import os
 import secrets
 import stat
 import struct
 import time
-from collections.abc import Iterator
+from collections import Counter
 from pathlib import Path
 
 import lmdb
-import xxhash
 
-from . import errors
-from .chunks import ChunkStore, chunk_hash
+from . import DEFAULT_INLINE_MAX, errors, filehash
+from .chunks import ChunkStore
+from .content import ContentStore, ref_digest
+from .eventlog import EventLog
 from .inode import STATUS_DONE, Inode
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_NAME = 255
-EVICT_LOG_MAX = 10_000
-REMOVED_LOG_MAX = 10_000
+ROOT_INO = 1
+#: inode numbers stay below this (the FUSE layer uses the space above for views)
+MAX_INO = 1 << 40
+#: extended attributes of one inode: names and values together, and the name list
+XATTR_FILE_MAX = 256 * 1024
+XATTR_LIST_MAX = 60 * 1024
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _U64X2 = struct.Struct(">QQ")
+_VI = struct.Struct(">IQ")
+_VII = struct.Struct(">IQQ")
 _VOL_STEP_INO = struct.Struct(">IQQ")
-_VOL_SEQ = struct.Struct(">IQ")
-_REF = struct.Struct(">QI")
 
 _DB_NAMES = (
-    "meta", "volume", "inode", "dentry", "dirlist", "backlink", "data", "block",
-    "chunkref", "xattr", "bystep", "agestep", "donestep", "orphan", "evicted",
-    "evictino", "removed",
+    "meta", "volume", "inode", "dentry", "dirlist", "backlink", "link", "block",
+    "content", "blob", "xattr", "bystep", "agestep", "donestep", "orphan",
+    "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty",
 )
+
+_CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
+            lmdb.VersionMismatchError, lmdb.InvalidError, lmdb.BadValsizeError)
 
 
 def now_ns() -> int:
     return time.time_ns()
-
-
-def _all_zero(buf: bytes | bytearray) -> bool:
-    # Cheap exits first: real data rarely starts and ends with NUL.
-    return not buf or (buf[0] == 0 and buf[-1] == 0 and buf.count(0) == len(buf))
 
 
 def _u64(n: int) -> bytes:
@@ -100,8 +113,29 @@ def _get_u64(txn, db, key: bytes, default: int = 0) -> int:
     return _U64.unpack(raw)[0] if raw is not None else default
 
 
+def translate(exc: lmdb.Error) -> errors.StoreError:
+    """The store's own exception for an LMDB one."""
+    if isinstance(exc, lmdb.MapFullError):
+        return errors.NoSpace("the store's LMDB map is full")
+    if "No space left" in str(exc) or "Disk quota" in str(exc):
+        return errors.NoSpace(f"no room on the store's disk: {exc}")
+    if isinstance(exc, _CORRUPT):
+        return errors.Corrupt(f"the store's LMDB file is damaged: {exc}")
+    return errors.StoreError(f"LMDB: {exc}")
+
+
+def dentry_key(parent: int, name: bytes) -> bytes:
+    """Object key of a directory entry, as snapshot tracking names it."""
+    return b"d" + _u64(parent) + bytes((len(name),)) + name
+
+
+def inode_key(ino: int) -> bytes:
+    """Object key of an inode (attributes, content, xattrs, link target)."""
+    return b"i" + _u64(ino)
+
+
 class Store:
-    """Metadata of one volume in a store directory, plus its chunk files.
+    """Metadata of one volume in a store directory, plus its content objects.
 
     Every method is one LMDB transaction (or none); none of them awaits, so a
     caller on the trio thread sees each call as atomic.
@@ -117,9 +151,50 @@ class Store:
         sync: bool = False,
         create: bool = True,
         chunk_size: int | None = None,
+        inline_max: int = DEFAULT_INLINE_MAX,
     ) -> None:
         self.dir = Path(store_dir)
         self.readonly = readonly
+        # Snapshot change tracking: keys marked in committed transactions since
+        # the last snapshot, and those of the transaction in progress.
+        self.tracking = False
+        self._marked: set[bytes] = set()
+        self._pending_marks: set[bytes] = set()
+        # Whether the live tree still equals the snapshot it was taken as or
+        # restored from (`snapshots`: meta `base_changed`).
+        self.base_clean = False
+        self._base_touched = False
+        self.env = self._open_env(readonly, create, map_size, sync)
+        try:
+            with self.txn() as txn:
+                self._check_schema(txn)
+            self.db = {name: self._open_db(name) for name in _DB_NAMES}
+        except errors.StoreError as exc:
+            self.env.close()
+            raise errors.StoreVersionError(
+                f"store at {self.dir / 'lmdb'} is damaged or not a vfsd store: {exc}") from None
+        self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
+        self.content = ContentStore(self.db, self.chunks, self._bump, inline_max)
+        self.logs = EventLog(self)
+        self._deltas: dict[bytes, int] | None = None
+        self.volume = volume or "default"
+        self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
+        self._vp = b"v" + _U32.pack(self.vol) + b":"
+        self._vb = _U32.pack(self.vol)
+        if volume is not None and self.meta_u64(b"incomplete"):
+            self.env.close()
+            raise errors.StoreVersionError(
+                f"volume {self.volume!r} of store {self.dir} is a fork that did not finish "
+                "copying; run `vfsd fork` again to redo it")
+        self.chunk_size = self._chunk_size(chunk_size)
+        self.tracking = self.meta_u64(b"snap_seq") > 0
+        self.base_clean = self.tracking and not self.meta_u64(b"base_changed")
+        if not readonly:
+            self._make_reserve()
+
+    # ------------------------------------------------------------------ setup
+
+    def _open_env(self, readonly: bool, create: bool, map_size: int, sync: bool):
         lmdb_dir = self.dir / "lmdb"
         data_file = lmdb_dir / "data.mdb"
         if data_file.exists():
@@ -138,7 +213,7 @@ class Store:
         try:
             # sync=False: a commit reaches the OS page cache, which survives a
             # daemon crash; fsync() and durability="sync" call sync() explicitly.
-            self.env = lmdb.open(
+            env = lmdb.open(
                 str(lmdb_dir), map_size=map_size, max_dbs=len(_DB_NAMES) + 1,
                 readonly=readonly, sync=sync, metasync=sync, readahead=False,
                 max_readers=256, lock=True, mode=0o600,
@@ -147,68 +222,167 @@ class Store:
             raise errors.StoreVersionError(f"cannot open LMDB store at {lmdb_dir}: {exc}") from exc
         # LMDB maps the file and trusts its meta page: a file cut short would
         # kill the process with SIGBUS at the first read past its end.
-        needed = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
         if data_file.exists() and data_file.stat().st_size < needed:
-            self.env.close()
+            env.close()
             raise errors.StoreVersionError(
                 f"{data_file} is truncated ({data_file.stat().st_size} bytes, its own "
                 f"metadata says {needed}): the store is damaged")
-        try:
-            self.db = {
-                name: self.env.open_db(name.encode(), create=not readonly)
-                for name in _DB_NAMES
-            }
-        except lmdb.Error as exc:
-            self.env.close()
-            raise errors.StoreVersionError(
-                f"store at {lmdb_dir} is damaged or not a vfsd store: {exc}"
-            ) from exc
-        self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
-        self.volume = volume or "default"
-        self._deltas: dict[bytes, int] | None = None
-        self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
-        self.chunk_size = self._chunk_size(chunk_size)
-        if not readonly:
-            self._make_reserve()
-        self._vp = b"v" + _U32.pack(self.vol) + b":"
+        return env
 
-    # ------------------------------------------------------------------ setup
+    def _check_schema(self, txn) -> None:
+        try:
+            meta = self.env.open_db(b"meta", txn=txn, create=False)
+        except lmdb.NotFoundError:
+            return  # a new store
+        schema = txn.get(b"schema", db=meta)
+        if schema is not None and _U32.unpack(schema)[0] != SCHEMA_VERSION:
+            found = _U32.unpack(schema)[0]
+            raise errors.StoreVersionError(
+                f"store {self.dir} has schema {found}; this vfsd reads schema "
+                f"{SCHEMA_VERSION}" + (" (a store made by vfsd 0.1: copy its files out with "
+                                       "that version, then into a new store)" if found == 1 else ""))
+
+    def _open_db(self, name: str):
+        try:
+            return self.env.open_db(name.encode(), create=not self.readonly)
+        except lmdb.NotFoundError:
+            # Read-only on a store whose writer never made this table yet.
+            raise errors.StoreVersionError(f"store {self.dir} lacks table {name!r}") from None
+        except lmdb.Error as exc:
+            raise translate(exc) from exc
+
+    @contextlib.contextmanager
+    def txn(self, write: bool = False):
+        """An LMDB transaction whose failures are store errors.
+
+        Snapshot change marks made in a write transaction count only once it
+        has committed.
+        """
+        try:
+            with self.env.begin(write=write) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            self._pending_marks.clear()
+            self._base_touched = False
+            raise translate(exc) from exc
+        except BaseException:
+            self._pending_marks.clear()
+            self._base_touched = False
+            raise
+        if self._pending_marks:
+            self._marked |= self._pending_marks
+            self._pending_marks.clear()
+        if self._base_touched:
+            self.base_clean = self._base_touched = False
 
     def _open_volume(self, name: str | None, create: bool) -> tuple[int, int]:
         db = self.db
         if name is None:  # any volume (store-wide tools such as fsck)
-            with self.env.begin() as txn:
+            with self.txn() as txn:
                 cur = txn.cursor(db=db["volume"])
                 if cur.first():
                     self.volume = bytes(cur.key()).decode()
-                    return struct.unpack(">IQ", cur.value())
+                    return _VI.unpack(cur.value())
             name = "default"
         key = name.encode()
-        with self.env.begin() as txn:
-            schema = txn.get(b"schema", db=db["meta"])
-            if schema is not None and _U32.unpack(schema)[0] != SCHEMA_VERSION:
-                raise errors.StoreVersionError(
-                    f"store schema {_U32.unpack(schema)[0]} is not {SCHEMA_VERSION}"
-                )
+        with self.txn() as txn:
             raw = txn.get(key, db=db["volume"])
         if raw is not None:
-            vol, root = struct.unpack(">IQ", raw)
-            return vol, root
+            return _VI.unpack(raw)
         if not create:
             raise errors.StoreVersionError(f"store {self.dir} has no volume {name!r}")
-        with self.env.begin(write=True) as txn:
-            if txn.get(b"schema", db=db["meta"]) is None:
-                txn.put(b"schema", _U32.pack(SCHEMA_VERSION), db=db["meta"])
-            vol = _get_u64(txn, db["meta"], b"next_vol", 1)
-            txn.put(b"next_vol", _u64(vol + 1), db=db["meta"])
-            root = self._alloc_ino(txn)
+        with self.txn(write=True) as txn:
+            vol = self.create_volume(txn, name)
+        return vol, ROOT_INO
+
+    def create_volume(self, txn, name: str, *, run: str | None = None,
+                      with_root: bool = True) -> int:
+        """Add a volume (with an empty root directory unless told otherwise); its id."""
+        db = self.db
+        key = name.encode()
+        if txn.get(key, db=db["volume"]) is not None:
+            raise errors.Exists(f"volume {name!r} exists")
+        if txn.get(b"schema", db=db["meta"]) is None:
+            txn.put(b"schema", _U32.pack(SCHEMA_VERSION), db=db["meta"])
+        vol = _get_u64(txn, db["meta"], b"next_vol", 1)
+        txn.put(b"next_vol", _u64(vol + 1), db=db["meta"])
+        vp = b"v" + _U32.pack(vol) + b":"
+        txn.put(vp + b"name", key, db=db["meta"])
+        txn.put(vp + b"run", (run or secrets.token_hex(16)).encode(), db=db["meta"])
+        txn.put(vp + b"next_ino", _u64(ROOT_INO + 1), db=db["meta"])
+        if with_root:
             t = now_ns()
-            ino = Inode(root, vol, stat.S_IFDIR | 0o755, nlink=2, uid=os.getuid(),
-                        gid=os.getgid(), atime_ns=t, mtime_ns=t, ctime_ns=t,
-                        gen=secrets.randbits(32))
-            txn.put(_u64(root), ino.pack(), db=db["inode"])
-            txn.put(key, struct.pack(">IQ", vol, root), db=db["volume"])
-        return vol, root
+            root = Inode(ROOT_INO, vol, stat.S_IFDIR | 0o755, nlink=2, uid=os.getuid(),
+                         gid=os.getgid(), atime_ns=t, mtime_ns=t, ctime_ns=t,
+                         gen=secrets.randbits(32))
+            txn.put(_VI.pack(vol, ROOT_INO), root.pack(), db=db["inode"])
+        txn.put(key, _VI.pack(vol, ROOT_INO), db=db["volume"])
+        return vol
+
+    def volumes(self) -> dict[str, int]:
+        """Every volume of the store: name -> vol id."""
+        with self.txn() as txn:
+            return {bytes(k).decode(): _VI.unpack(v)[0]
+                    for k, v in txn.cursor(db=self.db["volume"])}
+
+    #: tables whose keys start with the volume id
+    _PER_VOLUME = ("inode", "dentry", "dirlist", "backlink", "link", "block", "xattr",
+                   "bystep", "agestep", "donestep", "orphan", "evicted", "evictino", "removed",
+                   "snap", "sgone", "sver", "sgen", "sdirty")
+
+    def drop_volume(self, name: str) -> None:
+        """Delete a volume and its snapshots, releasing the content they held."""
+        from .snapshots import entry_refs
+
+        view = self.view(name)
+        vb = view._vb
+        refs: Counter = Counter()
+        with self.txn(write=True) as txn:
+            for table in self._PER_VOLUME:
+                cur = txn.cursor(db=self.db[table])
+                if not cur.set_range(vb):
+                    continue
+                while cur.key()[:4] == vb:
+                    if table == "block":
+                        refs[bytes(cur.value())] -= 1
+                    elif table == "sver":
+                        for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
+                            refs[ref] -= 1
+                    if not cur.delete() or not cur.key():
+                        break
+            cur = txn.cursor(db=self.db["meta"])
+            prefix = view._vp
+            if cur.set_range(prefix):
+                while cur.key()[:len(prefix)] == prefix:
+                    if not cur.delete() or not cur.key():
+                        break
+            txn.delete(name.encode(), db=self.db["volume"])
+            freed = self.content.apply(txn, refs)
+        self._delete_unreferenced(freed)
+
+    def view(self, name: str) -> Store:
+        """A handle on another volume of this store (same environment).
+
+        For store-wide work (fsck, forks); never close it: the environment
+        belongs to this handle.
+        """
+        other = copy.copy(self)
+        other._marked, other._pending_marks, other._deltas = set(), set(), None
+        other.volume = name
+        other.vol, other.root_ino = self._open_volume(name, create=False)
+        other._vp = b"v" + _U32.pack(other.vol) + b":"
+        other._vb = _U32.pack(other.vol)
+        other.logs = EventLog(other)
+        other.tracking = other.meta_u64(b"snap_seq") > 0
+        return other
+
+    @property
+    def run_id(self) -> str:
+        """The run this volume holds (what travels with its snapshots)."""
+        with self.txn() as txn:
+            raw = txn.get(self._vp + b"run", db=self.db["meta"])
+        return bytes(raw).decode() if raw is not None else ""
 
     RESERVE_BYTES = 8 << 20
 
@@ -247,14 +421,22 @@ class Store:
         Block indexes only mean something with the chunk size they were cut
         with, so a store never changes it (the daemon adopts the stored one).
         """
-        with self.env.begin() as txn:
+        with self.txn() as txn:
             raw = txn.get(b"chunk_size", db=self.db["meta"])
         if raw is not None:
             return _U64.unpack(raw)[0]
         if wanted is not None and not self.readonly:
-            with self.env.begin(write=True) as txn:
+            with self.txn(write=True) as txn:
                 txn.put(b"chunk_size", _u64(wanted), db=self.db["meta"])
         return wanted
+
+    @property
+    def inline_max(self) -> int:
+        return self.content.inline_max
+
+    @inline_max.setter
+    def inline_max(self, value: int) -> None:
+        self.content.inline_max = value
 
     def close(self) -> None:
         self.chunks.close()
@@ -262,19 +444,29 @@ class Store:
 
     def sync(self) -> None:
         """Flush committed transactions to disk."""
-        self.env.sync(True)
+        try:
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            raise translate(exc) from exc
 
     # -------------------------------------------------------------- counters
 
+    def _key(self, ino: int) -> bytes:
+        return _VI.pack(self.vol, ino)
+
     def _alloc_ino(self, txn) -> int:
-        ino = _get_u64(txn, self.db["meta"], b"next_ino", 1)
-        txn.put(b"next_ino", _u64(ino + 1), db=self.db["meta"])
+        k = self._vp + b"next_ino"
+        ino = _get_u64(txn, self.db["meta"], k, ROOT_INO + 1)
+        if ino >= MAX_INO:
+            raise errors.NoSpace("the volume has used every inode number")
+        txn.put(k, _u64(ino + 1), db=self.db["meta"])
         return ino
 
     def _alloc_cookie(self, txn) -> int:
-        # Offsets 0 is "from the start"; real cookies begin at 1.
-        c = _get_u64(txn, self.db["meta"], b"next_cookie", 1)
-        txn.put(b"next_cookie", _u64(c + 1), db=self.db["meta"])
+        # Offset 0 is "from the start"; real cookies begin at 1.
+        k = self._vp + b"next_cookie"
+        c = _get_u64(txn, self.db["meta"], k, 1)
+        txn.put(k, _u64(c + 1), db=self.db["meta"])
         return c
 
     def _bump(self, txn, key: bytes, delta: int, volume: bool = True) -> None:
@@ -292,55 +484,101 @@ class Store:
         pending = self._deltas.get(k, 0) if self._deltas is not None else 0
         return _get_u64(txn, self.db["meta"], k) + pending
 
-    def _apply_deltas(self, txn) -> None:
-        deltas, self._deltas = self._deltas, None
-        for k, delta in (deltas or {}).items():
-            val = _get_u64(txn, self.db["meta"], k) + delta
-            txn.put(k, _u64(max(val, 0)), db=self.db["meta"])
+    @contextlib.contextmanager
+    def batched_counters(self, txn):
+        """Counter changes inside the block are written once, at its end."""
+        self._deltas = {}
+        try:
+            yield
+            deltas, self._deltas = self._deltas, None
+            for k, delta in deltas.items():
+                val = _get_u64(txn, self.db["meta"], k) + delta
+                txn.put(k, _u64(max(val, 0)), db=self.db["meta"])
+        finally:
+            self._deltas = None  # an aborted batch leaves no pending counts behind
+
+    def meta_u64(self, key: bytes, default: int = 0) -> int:
+        """A per-volume u64 from `meta`."""
+        with self.txn() as txn:
+            return _get_u64(txn, self.db["meta"], self._vp + key, default)
 
     def counters(self) -> dict[str, int]:
-        """Volume and store counters (files, bytes per tier, chunks)."""
+        """Volume and store counters (files, bytes per tier, objects)."""
         m = self.db["meta"]
-        with self.env.begin() as txn:
+        with self.txn() as txn:
             out = {k: _get_u64(txn, m, self._vp + k.encode())
-                   for k in ("files", "logical_bytes", "inline_bytes", "step")}
-            out["chunk_count"] = _get_u64(txn, m, b"chunk_count")
-            out["chunk_bytes"] = _get_u64(txn, m, b"chunk_bytes")
-            out["inodes_allocated"] = _get_u64(txn, m, b"next_ino", 1) - 1
+                   for k in ("files", "logical_bytes", "inline_bytes", "xattr_bytes", "step")}
+            for k in ("chunk_count", "chunk_bytes", "blob_count", "blob_bytes"):
+                out[k] = _get_u64(txn, m, k.encode())
+            out["inodes_allocated"] = _get_u64(txn, m, self._vp + b"next_ino", 2) - 1
         return out
 
     # ------------------------------------------------------------------ step
 
     def get_step(self) -> int:
-        with self.env.begin() as txn:
-            return _get_u64(txn, self.db["meta"], self._vp + b"step")
+        with self.txn() as txn:
+            return self._step(txn)
+
+    def _step(self, txn) -> int:
+        return _get_u64(txn, self.db["meta"], self._vp + b"step")
 
     def set_step(self, step: int) -> None:
-        with self.env.begin(write=True) as txn:
+        with self.txn(write=True) as txn:
             txn.put(self._vp + b"step", _u64(step), db=self.db["meta"])
+
+    # ------------------------------------------------------- change tracking
+
+    def _mark(self, txn, key: bytes) -> None:
+        """Note that an object changed since the last snapshot (see `snapshots`)."""
+        if not self.tracking:
+            return
+        if self.base_clean and not self._base_touched:
+            txn.put(self._vp + b"base_changed", _u64(1), db=self.db["meta"])
+            self._base_touched = True
+        if key in self._marked or key in self._pending_marks:
+            return
+        txn.put(self._vb + key, b"", db=self.db["sdirty"])
+        self._pending_marks.add(key)
+
+    def forget_marks(self) -> None:
+        """The in-memory copy of the marks, after a snapshot consumed them."""
+        self._marked.clear()
+
+    def set_base(self, txn) -> None:
+        """The live tree now equals a snapshot (just taken or restored); call
+        last in that transaction, then `base_set()` after it commits."""
+        txn.delete(self._vp + b"base_changed", db=self.db["meta"])
+        self._base_touched = False
+
+    def base_set(self) -> None:
+        self.base_clean = True
 
     # ---------------------------------------------------------------- inodes
 
     def get_inode(self, ino: int) -> Inode:
-        with self.env.begin() as txn:
+        with self.txn() as txn:
             return self._get_inode(txn, ino)
 
     def _get_inode(self, txn, ino: int) -> Inode:
-        raw = txn.get(_u64(ino), db=self.db["inode"])
+        raw = txn.get(self._key(ino), db=self.db["inode"])
         if raw is None:
             raise errors.NotFound(f"inode {ino}")
-        return Inode.unpack(ino, raw)
+        try:
+            return Inode.unpack(ino, raw)
+        except struct.error:
+            raise errors.Corrupt(f"inode {ino}: record does not decode") from None
 
     def _put_inode(self, txn, inode: Inode) -> None:
-        txn.put(_u64(inode.ino), inode.pack(), db=self.db["inode"])
+        txn.put(self._key(inode.ino), inode.pack(), db=self.db["inode"])
+        self._mark(txn, inode_key(inode.ino))
 
     def inode_exists(self, ino: int) -> bool:
-        with self.env.begin() as txn:
-            return txn.get(_u64(ino), db=self.db["inode"]) is not None
+        with self.txn() as txn:
+            return txn.get(self._key(ino), db=self.db["inode"]) is not None
 
     #: attributes `set_attrs` may change (content fields go through commit_content)
     SETTABLE = frozenset({"mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns",
-                          "status", "pinned", "step"})
+                          "status", "pinned", "step", "rdev"})
 
     def set_attrs(self, ino: int, **changes) -> Inode:
         """Change some attributes in one transaction; the new record.
@@ -352,7 +590,7 @@ class Store:
         bad = set(changes) - self.SETTABLE
         if bad:
             raise ValueError(f"not settable: {sorted(bad)}")
-        with self.env.begin(write=True) as txn:
+        with self.txn(write=True) as txn:
             old = self._get_inode(txn, ino)
             new = old.copy()
             for name, value in changes.items():
@@ -395,27 +633,46 @@ class Store:
         self._bump(txn, b"inline_bytes", new_inl - old_inl)
 
     def scan_index(self, index: str, before_step: int | None = None,
-                   since_step: int = 0, limit: int | None = None) -> Iterator[tuple[int, int]]:
-        """Yield (step, ino) from a step index, oldest first.
+                   since_step: int = 0, limit: int | None = None,
+                   after_ino: int = -1) -> list[tuple[int, int]]:
+        """(step, ino) from a step index, oldest first, at most `limit`.
 
         `index` is "bystep", "agestep" or "donestep". Cost is proportional to
-        what is yielded, not to the size of the index.
+        what is returned, not to the size of the index. A list, not a
+        generator: a read transaction held open across the caller's writes
+        would keep LMDB from reusing pages, and the file would grow.
         """
+        out: list[tuple[int, int]] = []
         db = self.db[index]
-        start = _VOL_STEP_INO.pack(self.vol, since_step, 0)
-        n = 0
-        with self.env.begin() as txn:
+        with self.txn() as txn:
             cur = txn.cursor(db=db)
-            if not cur.set_range(start):
-                return
+            if not cur.set_range(_VOL_STEP_INO.pack(self.vol, since_step, after_ino + 1)):
+                return out
             for key in cur.iternext(values=False):
                 vol, step, ino = _VOL_STEP_INO.unpack(key)
                 if vol != self.vol or (before_step is not None and step >= before_step):
-                    return
-                yield step, ino
-                n += 1
-                if limit is not None and n >= limit:
-                    return
+                    break
+                out.append((step, ino))
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    def iter_index(self, index: str, since_step: int = 0):
+        """(step, ino) from a step index, oldest first, read in growing pages.
+
+        For callers that stop early (the quota planner): each page is its own
+        short read transaction, so writes in between never face a long
+        reader, and the cost follows what the caller consumes.
+        """
+        after = (since_step, -1)
+        page = 4
+        while True:
+            got = self.scan_index(index, since_step=after[0], limit=page, after_ino=after[1])
+            yield from got
+            if len(got) < page:
+                return
+            after = got[-1]
+            page = min(page * 4, 1024)
 
     # ----------------------------------------------------------- namespace
 
@@ -429,33 +686,41 @@ class Store:
     def lookup(self, parent: int, name: bytes) -> Inode:
         if len(name) > MAX_NAME:
             raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
-        with self.env.begin() as txn:
-            raw = txn.get(_u64(parent) + name, db=self.db["dentry"])
+        with self.txn() as txn:
+            raw = txn.get(self._key(parent) + name, db=self.db["dentry"])
             if raw is None:
                 raise errors.NotFound(name.decode(errors="replace"))
             return self._get_inode(txn, _U64X2.unpack(raw)[0])
 
     def _add_entry(self, txn, parent: int, name: bytes, child: int) -> None:
         cookie = self._alloc_cookie(txn)
-        txn.put(_u64(parent) + name, _U64X2.pack(child, cookie), db=self.db["dentry"])
-        txn.put(_U64X2.pack(parent, cookie), _u64(child) + name, db=self.db["dirlist"])
-        txn.put(_U64X2.pack(child, parent) + name, b"", db=self.db["backlink"])
+        vb = self._vb
+        txn.put(self._key(parent) + name, _U64X2.pack(child, cookie), db=self.db["dentry"])
+        txn.put(vb + _U64X2.pack(parent, cookie), _u64(child) + name, db=self.db["dirlist"])
+        txn.put(vb + _U64X2.pack(child, parent) + name, b"", db=self.db["backlink"])
+        self._mark(txn, dentry_key(parent, name))
+        self._mark(txn, inode_key(child))  # its path changed
 
     def _del_entry(self, txn, parent: int, name: bytes) -> int:
-        key = _u64(parent) + name
+        key = self._key(parent) + name
         raw = txn.get(key, db=self.db["dentry"])
         if raw is None:
             raise errors.NotFound(name.decode(errors="replace"))
         child, cookie = _U64X2.unpack(raw)
+        vb = self._vb
         txn.delete(key, db=self.db["dentry"])
-        txn.delete(_U64X2.pack(parent, cookie), db=self.db["dirlist"])
-        txn.delete(_U64X2.pack(child, parent) + name, db=self.db["backlink"])
+        txn.delete(vb + _U64X2.pack(parent, cookie), db=self.db["dirlist"])
+        txn.delete(vb + _U64X2.pack(child, parent) + name, db=self.db["backlink"])
+        self._mark(txn, dentry_key(parent, name))
+        self._mark(txn, inode_key(child))
         return child
 
     def _parent_dir(self, txn, parent: int) -> Inode:
         p = self._get_inode(txn, parent)
         if not p.is_dir:
             raise errors.NotADirectory()
+        if p.nlink == 0:
+            raise errors.NotFound("the directory was removed")
         return p
 
     def _touch_dir(self, txn, dir_inode: Inode, t: int, nlink_delta: int = 0) -> None:
@@ -468,9 +733,9 @@ class Store:
         """Make a file, directory, device node or (with `target`) a symlink."""
         self._check_name(name)
         t = now_ns()
-        with self.env.begin(write=True) as txn:
+        with self.txn(write=True) as txn:
             p = self._parent_dir(txn, parent)
-            if txn.get(_u64(parent) + name, db=self.db["dentry"]) is not None:
+            if txn.get(self._key(parent) + name, db=self.db["dentry"]) is not None:
                 raise errors.Exists()
             ino = self._alloc_ino(txn)
             is_dir = stat.S_ISDIR(mode)
@@ -485,26 +750,25 @@ class Store:
                           gen=secrets.randbits(32), step=self._step(txn))
             if target is not None:
                 inode.size = len(target)
-                txn.put(_u64(ino), target, db=self.db["data"])
+                txn.put(self._key(ino), target, db=self.db["link"])
             self._put_inode(txn, inode)
             self._reindex(txn, None, inode)
             self._add_entry(txn, parent, name, ino)
             self._touch_dir(txn, p, t, 1 if is_dir else 0)
         return inode
 
-    def _step(self, txn) -> int:
-        return _get_u64(txn, self.db["meta"], self._vp + b"step")
-
     def link(self, ino: int, new_parent: int, new_name: bytes) -> Inode:
         self._check_name(new_name)
         t = now_ns()
-        with self.env.begin(write=True) as txn:
+        with self.txn(write=True) as txn:
             p = self._parent_dir(txn, new_parent)
-            if txn.get(_u64(new_parent) + new_name, db=self.db["dentry"]) is not None:
+            if txn.get(self._key(new_parent) + new_name, db=self.db["dentry"]) is not None:
                 raise errors.Exists()
             inode = self._get_inode(txn, ino)
             if inode.is_dir:
                 raise errors.StoreError("cannot hard-link a directory")
+            if inode.nlink == 0:
+                raise errors.NotFound("the file was removed")
             old = inode.copy()
             inode.nlink += 1
             inode.ctime_ns = t
@@ -517,7 +781,7 @@ class Store:
     def _drop_name(self, txn, parent: Inode, name: bytes, t: int,
                    expect_dir: bool | None) -> Inode:
         """Remove one name; returns the child with its new link count."""
-        raw = txn.get(_u64(parent.ino) + name, db=self.db["dentry"])
+        raw = txn.get(self._key(parent.ino) + name, db=self.db["dentry"])
         if raw is None:
             raise errors.NotFound(name.decode(errors="replace"))
         child = self._get_inode(txn, _U64X2.unpack(raw)[0])
@@ -535,18 +799,24 @@ class Store:
         self._reindex(txn, old, child)
         self._put_inode(txn, child)
         if child.nlink == 0:
-            txn.put(_u64(child.ino), b"", db=self.db["orphan"])
+            txn.put(self._key(child.ino), b"", db=self.db["orphan"])
         return child
 
     def _has_entries(self, txn, ino: int) -> bool:
         cur = txn.cursor(db=self.db["dirlist"])
-        prefix = _u64(ino)
-        return cur.set_range(prefix) and cur.key()[:8] == prefix
+        prefix = self._key(ino)
+        return cur.set_range(prefix) and cur.key()[:12] == prefix
+
+    def _log_removed(self, txn, child: Inode, parent: int, name: bytes, reason: str) -> None:
+        parent_path = self._path_in(txn, parent) or ""
+        name_s = name.decode(errors="surrogateescape")
+        path = f"{parent_path}/{name_s}" if parent_path else name_s
+        self.logs.log_removed(txn, child.ino, child.gen, path, self._step(txn), reason)
 
     def unlink(self, parent: int, name: bytes, *, rmdir: bool = False) -> Inode:
-        """Remove a name. The inode stays until `free_inode` (no names, no users)."""
+        """Remove a name. The inode stays until `free_inodes` (no names, no users)."""
         t = now_ns()
-        with self.env.begin(write=True) as txn:
+        with self.txn(write=True) as txn:
             p = self._parent_dir(txn, parent)
             child = self._drop_name(txn, p, name, t, expect_dir=rmdir)
             self._touch_dir(txn, p, t, -1 if rmdir else 0)
@@ -560,16 +830,16 @@ class Store:
         """Rename; returns the inode that lost its name at the target, if any."""
         self._check_name(new_name)
         t = now_ns()
-        with self.env.begin(write=True) as txn:
+        with self.txn(write=True) as txn:
             op = self._parent_dir(txn, old_parent)
-            raw = txn.get(_u64(old_parent) + old_name, db=self.db["dentry"])
+            raw = txn.get(self._key(old_parent) + old_name, db=self.db["dentry"])
             if raw is None:
                 raise errors.NotFound(old_name.decode(errors="replace"))
             src = self._get_inode(txn, _U64X2.unpack(raw)[0])
             np_ = op if new_parent == old_parent else self._parent_dir(txn, new_parent)
             if src.is_dir:
                 self._check_not_ancestor(txn, src.ino, new_parent)
-            traw = txn.get(_u64(new_parent) + new_name, db=self.db["dentry"])
+            traw = txn.get(self._key(new_parent) + new_name, db=self.db["dentry"])
             target = self._get_inode(txn, _U64X2.unpack(traw)[0]) if traw else None
             if target is not None and target.ino == src.ino:
                 return None  # same inode under both names: POSIX says do nothing
@@ -619,29 +889,40 @@ class Store:
                 self._touch_dir(txn, np_, t)
             return replaced
 
+    def _parent_of(self, txn, ino: int) -> tuple[int, bytes] | None:
+        """One (parent, name) of `ino`, or None if it has no name."""
+        cur = txn.cursor(db=self.db["backlink"])
+        key = self._key(ino)
+        if not cur.set_range(key) or cur.key()[:12] != key:
+            return None
+        k = cur.key()
+        return _U64.unpack(k[12:20])[0], bytes(k[20:])
+
     def _check_not_ancestor(self, txn, ancestor: int, ino: int) -> None:
         """Refuse to move a directory below itself."""
+        hops = 0
         while ino != self.root_ino:
             if ino == ancestor:
                 raise errors.InvalidArgument("cannot move a directory into itself")
-            cur = txn.cursor(db=self.db["backlink"])
-            if not cur.set_range(_u64(ino)) or cur.key()[:8] != _u64(ino):
+            up = self._parent_of(txn, ino)
+            hops += 1
+            if up is None or hops > 1 << 20:
                 return
-            ino = _U64.unpack(cur.key()[8:16])[0]
+            ino = up[0]
 
     def readdir(self, ino: int, after: int, limit: int = 256) -> list[tuple[int, bytes, Inode]]:
         """Entries of a directory with cookie > `after`, in cookie order."""
         out = []
-        prefix = _u64(ino)
-        with self.env.begin() as txn:
+        prefix = self._key(ino)
+        with self.txn() as txn:
             cur = txn.cursor(db=self.db["dirlist"])
-            if not cur.set_range(_U64X2.pack(ino, after + 1)):
+            if not cur.set_range(self._vb + _U64X2.pack(ino, after + 1)):
                 return out
             for key, val in cur:
-                if key[:8] != prefix:
+                if key[:12] != prefix:
                     break
                 child = _U64.unpack(val[:8])[0]
-                out.append((_U64.unpack(key[8:])[0], bytes(val[8:]),
+                out.append((_U64.unpack(key[12:])[0], bytes(val[8:]),
                             self._get_inode(txn, child)))
                 if len(out) >= limit:
                     break
@@ -649,24 +930,22 @@ class Store:
 
     def path_of(self, ino: int) -> str | None:
         """A path of `ino` relative to the volume root, or None if it has no name."""
-        with self.env.begin() as txn:
+        with self.txn() as txn:
             return self._path_in(txn, ino)
 
     def _path_in(self, txn, ino: int) -> str | None:
         parts: list[bytes] = []
-        cur = txn.cursor(db=self.db["backlink"])
         while ino != self.root_ino:
-            key = _u64(ino)
-            if not cur.set_range(key) or cur.key()[:8] != key or len(parts) > 4096:
+            up = self._parent_of(txn, ino)
+            if up is None or len(parts) > 4096:
                 return None
-            k = cur.key()
-            parts.append(bytes(k[16:]))
-            ino = _U64.unpack(k[8:16])[0]
+            parts.append(up[1])
+            ino = up[0]
         return "/".join(p.decode(errors="surrogateescape") for p in reversed(parts))
 
     def resolve_path(self, path: str) -> Inode:
         """Look up a path relative to the volume root (no symlinks followed)."""
-        with self.env.begin() as txn:
+        with self.txn() as txn:
             inode = self._get_inode(txn, self.root_ino)
             for part in path.strip("/").split("/"):
                 if part in ("", "."):
@@ -676,59 +955,66 @@ class Store:
                 name = part.encode(errors="surrogateescape")
                 if len(name) > MAX_NAME:
                     raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
-                raw = txn.get(_u64(inode.ino) + name, db=self.db["dentry"])
+                if not inode.is_dir:
+                    raise errors.NotADirectory(part)
+                raw = txn.get(self._key(inode.ino) + name, db=self.db["dentry"])
                 if raw is None:
                     raise errors.NotFound(part)
                 inode = self._get_inode(txn, _U64X2.unpack(raw)[0])
         return inode
 
     def readlink(self, ino: int) -> bytes:
-        with self.env.begin() as txn:
-            raw = txn.get(_u64(ino), db=self.db["data"])
+        with self.txn() as txn:
+            raw = txn.get(self._key(ino), db=self.db["link"])
         if raw is None:
             raise errors.InvalidArgument("not a symlink")
         return bytes(raw)
 
     # -------------------------------------------------------------- content
 
-    def read_inline(self, ino: int) -> bytes:
-        with self.env.begin() as txn:
-            raw = txn.get(_u64(ino), db=self.db["data"])
-        return bytes(raw) if raw is not None else b""
-
     def block_map(self, ino: int) -> dict[int, bytes]:
-        """All chunk hashes of a chunked file, by block index."""
+        """All block references of a regular file, by block index."""
+        with self.txn() as txn:
+            return self._block_map(txn, ino)
+
+    def _block_map(self, txn, ino: int) -> dict[int, bytes]:
         out = {}
-        prefix = _u64(ino)
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db["block"])
-            if cur.set_range(prefix):
-                for key, val in cur:
-                    if key[:8] != prefix:
-                        break
-                    out[_U64.unpack(key[8:])[0]] = bytes(val)
+        prefix = self._key(ino)
+        cur = txn.cursor(db=self.db["block"])
+        if cur.set_range(prefix):
+            for key, val in cur:
+                if key[:12] != prefix:
+                    break
+                out[_U64.unpack(key[12:])[0]] = bytes(val)
         return out
+
+    def read_block(self, ref: bytes, offset: int = 0, length: int = 1 << 62) -> bytes:
+        """Bytes of one stored block, verified against its digest."""
+        return self.content.read(self.txn, ref, offset, length)
+
+    def file_hash(self, size: int, blocks: dict[int, bytes]) -> bytes:
+        """The content hash of a file with these block references (see `filehash`)."""
+        return filehash.file_hash(size, {i: ref_digest(r) for i, r in blocks.items()},
+                                  self.chunk_size)
 
     def commit_content(
         self,
         inode: Inode,
         *,
-        inline_data: bytes | None = None,
         blocks: dict[int, bytes | bytearray | None] | None = None,
         drop_blocks_from: int | None = None,
         stamp_step: bool = True,
     ) -> tuple[Inode, dict[int, bytes | None]]:
         """Commit new content and attributes of a regular file in one transaction.
 
-        `inline_data` (not None) makes the file inline with exactly these bytes
-        and drops all its blocks. Otherwise `blocks` maps block index -> new
-        block bytes (None makes a hole), and `drop_blocks_from` drops every block
-        at or past that index (truncate). Returns the committed inode and the new
-        hashes by block index (None for holes).
+        `blocks` maps block index -> new block bytes (None or all zeros make a
+        hole); `drop_blocks_from` drops every block at or past that index
+        (truncate). Returns the committed inode and the new block references
+        by index (None for holes).
         """
-        new_hashes: dict[int, bytes | None] = {}
+        new_refs: dict[int, bytes | None] = {}
         freed: list[bytes] = []
-        with self.env.begin(write=True) as txn:
+        with self.txn(write=True) as txn:
             old = self._get_inode(txn, inode.ino)
             new = inode.copy()
             # Names are not content: link count comes from the store, whatever
@@ -737,275 +1023,228 @@ class Store:
             new.nblocks = old.nblocks
             if stamp_step:
                 new.step = self._step(txn)
-            new.hash = b""
-            dkey = _u64(inode.ino)
-            if inline_data is not None:
-                freed += self._drop_blocks(txn, inode.ino, 0)
-                txn.put(dkey, inline_data, db=self.db["data"])
-                new.inline = True
-                new.nblocks = 0
-            else:
-                if old.inline:
-                    txn.delete(dkey, db=self.db["data"])
-                new.inline = False
-                if old.inline:
-                    new.nblocks = 0
-                if drop_blocks_from is not None:
-                    dropped = self._drop_blocks(txn, inode.ino, drop_blocks_from)
-                    new.nblocks = self._count_blocks(txn, inode.ino)
-                    freed += dropped
-                for idx, content in (blocks or {}).items():
-                    bkey = _U64X2.pack(inode.ino, idx)
-                    prev = txn.get(bkey, db=self.db["block"])
-                    digest = self._put_chunk(txn, content) if content else None
-                    if digest is None:
-                        txn.delete(bkey, db=self.db["block"])
-                    else:
-                        txn.put(bkey, digest, db=self.db["block"])
-                    new.nblocks += (digest is not None) - (prev is not None)
+            if drop_blocks_from is not None:
+                dropped, n = self._drop_blocks(txn, inode.ino, drop_blocks_from)
+                freed += dropped
+                new.nblocks -= n
+            for idx, data in (blocks or {}).items():
+                bkey = self._key(inode.ino) + _u64(idx)
+                prev = txn.get(bkey, db=self.db["block"])
+                prev = bytes(prev) if prev is not None else None
+                ref = self.content.put(txn, data) if data else None
+                if ref is None:
                     if prev is not None:
-                        prev = bytes(prev)
-                        if self._decref(txn, prev):
-                            freed.append(prev)
-                    new_hashes[idx] = digest
+                        txn.delete(bkey, db=self.db["block"])
+                else:
+                    txn.put(bkey, ref, db=self.db["block"])
+                new.nblocks += (ref is not None) - (prev is not None)
+                if prev is not None:
+                    digest = self.content.decref(txn, prev)
+                    if digest is not None:
+                        freed.append(digest)
+                new_refs[idx] = ref
+            new.inline = new.size <= self.inline_max
             self._reindex(txn, old, new)
             self._put_inode(txn, new)
         self._delete_unreferenced(freed)
-        return new, new_hashes
+        return new, new_refs
 
-    def _put_chunk(self, txn, content: bytes | bytearray) -> bytes | None:
-        """Reference a chunk with this content, writing its file if new.
-
-        An all-zero block is stored as a hole (no chunk at all).
-        """
-        if _all_zero(content):
-            return None
-        digest = chunk_hash(content)
-        db = self.db["chunkref"]
-        raw = txn.get(digest, db=db)
-        count = _REF.unpack(raw)[0] if raw is not None else 0
-        if count == 0:
-            # New (or tombstoned): the file must be in place before we commit.
-            if raw is None or not self.chunks.exists(digest):
-                self.chunks.put(digest, content)
-            self._bump(txn, b"chunk_count", 1, volume=False)
-            self._bump(txn, b"chunk_bytes", len(content), volume=False)
-        txn.put(digest, _REF.pack(count + 1, len(content)), db=db)
-        return digest
-
-    def _decref(self, txn, digest: bytes) -> bool:
-        """Drop one reference; True if the chunk is now unreferenced."""
-        db = self.db["chunkref"]
-        raw = txn.get(digest, db=db)
-        if raw is None:
-            return False
-        count, size = _REF.unpack(raw)
-        count = max(count - 1, 0)
-        txn.put(digest, _REF.pack(count, size), db=db)
-        if count == 0:
-            self._bump(txn, b"chunk_count", -1, volume=False)
-            self._bump(txn, b"chunk_bytes", -size, volume=False)
-            return True
-        return False
-
-    def _count_blocks(self, txn, ino: int) -> int:
-        prefix = _u64(ino)
-        cur = txn.cursor(db=self.db["block"])
-        n = 0
-        if cur.set_range(prefix):
-            for key in cur.iternext(values=False):
-                if key[:8] != prefix:
-                    break
-                n += 1
-        return n
-
-    def _drop_blocks(self, txn, ino: int, first: int) -> list[bytes]:
+    def _drop_blocks(self, txn, ino: int, first: int) -> tuple[list[bytes], int]:
+        """Drop blocks from index `first` on: (chunk digests freed, blocks dropped)."""
         freed = []
-        prefix = _u64(ino)
+        n = 0
+        prefix = self._key(ino)
         cur = txn.cursor(db=self.db["block"])
-        if not cur.set_range(_U64X2.pack(ino, first)):
-            return freed
-        while cur.key()[:8] == prefix:
-            digest = bytes(cur.value())
-            if self._decref(txn, digest):
+        if not cur.set_range(prefix + _u64(first)):
+            return freed, n
+        while cur.key()[:12] == prefix:
+            digest = self.content.decref(txn, bytes(cur.value()))
+            if digest is not None:
                 freed.append(digest)
-            if not cur.delete():
+            n += 1
+            if not cur.delete() or not cur.key():
                 break
-            if not cur.key():
-                break
-        return freed
+        return freed, n
+
+    def _delete_block_records(self, txn, ino: int) -> None:
+        """Delete an inode's block records; the caller handles the references."""
+        prefix = self._key(ino)
+        cur = txn.cursor(db=self.db["block"])
+        if cur.set_range(prefix):
+            while cur.key()[:12] == prefix:
+                if not cur.delete() or not cur.key():
+                    break
 
     def _delete_unreferenced(self, digests: list[bytes]) -> None:
         """Delete chunk files whose refcount is still zero (tombstones)."""
         if not digests:
             return
-        db = self.db["chunkref"]
-        with self.env.begin(write=True) as txn:
-            for digest in digests:
-                raw = txn.get(digest, db=db)
-                if raw is not None and _REF.unpack(raw)[0] == 0:
-                    self.chunks.delete(digest)
-                    txn.delete(digest, db=db)
-
-    def set_hash(self, ino: int, digest: bytes) -> None:
-        """Cache the content hash of an unchanged file."""
-        with self.env.begin(write=True) as txn:
-            inode = self._get_inode(txn, ino)
-            inode.hash = digest
-            self._put_inode(txn, inode)
-
-    # ------------------------------------------------------------- freeing
-
-    def free_inode(self, ino: int) -> None:
-        """Delete an inode that has no names and no users, and its content."""
-        self.free_inodes([ino])
-
-    def free_inodes(self, inos: list[int]) -> None:
-        """Free several nameless, unused inodes in one transaction."""
-        freed: list[bytes] = []
-        with self.env.begin(write=True) as txn:
-            for ino in inos:
-                key = _u64(ino)
-                raw = txn.get(key, db=self.db["inode"])
-                if raw is None:
-                    txn.delete(key, db=self.db["orphan"])
-                    continue
-                if Inode.unpack(ino, raw).nlink > 0:
-                    continue
-                freed += self._drop_blocks(txn, ino, 0)
-                txn.delete(key, db=self.db["data"])
-                cur = txn.cursor(db=self.db["xattr"])
-                if cur.set_range(key):
-                    while cur.key()[:8] == key:
-                        if not cur.delete() or not cur.key():
-                            break
-                txn.delete(key, db=self.db["inode"])
-                txn.delete(key, db=self.db["orphan"])
-        self._delete_unreferenced(freed)
-
-    def orphans(self) -> list[int]:
-        with self.env.begin() as txn:
-            return [_U64.unpack(k)[0] for k in txn.cursor(db=self.db["orphan"]).iternext(values=False)]
+        with self.txn(write=True) as txn:
+            self.content.delete_unreferenced(txn, digests)
 
     # --------------------------------------------------------------- xattrs
 
     def get_xattr(self, ino: int, name: bytes) -> bytes | None:
-        with self.env.begin() as txn:
-            raw = txn.get(_u64(ino) + name, db=self.db["xattr"])
+        with self.txn() as txn:
+            raw = txn.get(self._key(ino) + name, db=self.db["xattr"])
         return bytes(raw) if raw is not None else None
 
-    def set_xattr(self, ino: int, name: bytes, value: bytes) -> None:
-        with self.env.begin(write=True) as txn:
-            self._get_inode(txn, ino)
-            txn.put(_u64(ino) + name, value, db=self.db["xattr"])
+    def _xattr_totals(self, txn, ino: int) -> tuple[int, int]:
+        """(name and value bytes, name-list bytes) of an inode's xattrs."""
+        total = listed = 0
+        prefix = self._key(ino)
+        cur = txn.cursor(db=self.db["xattr"])
+        if cur.set_range(prefix):
+            for k, v in cur:
+                if k[:12] != prefix:
+                    break
+                total += len(k) - 12 + len(v)
+                listed += len(k) - 12 + 1
+        return total, listed
+
+    def xattr_growth(self, ino: int, name: bytes, value: bytes) -> int:
+        """Bytes setting this xattr would add (negative if it shrinks)."""
+        with self.txn() as txn:
+            old = txn.get(self._key(ino) + name, db=self.db["xattr"])
+        return len(name) + len(value) - (len(name) + len(old) if old is not None else 0)
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
+                  replace: bool = False) -> int:
+        """Set an xattr; the bytes it added. Limits per inode are enforced here."""
+        key = self._key(ino) + name
+        with self.txn(write=True) as txn:
+            inode = self._get_inode(txn, ino)
+            old = txn.get(key, db=self.db["xattr"])
+            if create and old is not None:
+                raise errors.Exists("the attribute exists")
+            if replace and old is None:
+                raise errors.NoAttr("no such attribute")
+            total, listed = self._xattr_totals(txn, ino)
+            growth = len(name) + len(value) - (len(name) + len(old) if old is not None else 0)
+            if total + growth > XATTR_FILE_MAX:
+                raise errors.AttrTooBig(
+                    f"extended attributes of one file are limited to {XATTR_FILE_MAX} bytes")
+            if old is None and listed + len(name) + 1 > XATTR_LIST_MAX:
+                raise errors.AttrTooBig("too many extended attribute names on one file")
+            txn.put(key, value, db=self.db["xattr"])
+            self._bump(txn, b"xattr_bytes", growth)
+            self._put_inode(txn, inode)  # ctime is the kernel's; the record is touched
+        return growth
 
     def remove_xattr(self, ino: int, name: bytes) -> bool:
-        with self.env.begin(write=True) as txn:
-            return txn.delete(_u64(ino) + name, db=self.db["xattr"])
+        key = self._key(ino) + name
+        with self.txn(write=True) as txn:
+            old = txn.get(key, db=self.db["xattr"])
+            if old is None:
+                return False
+            txn.delete(key, db=self.db["xattr"])
+            inode = self._get_inode(txn, ino)
+            self._bump(txn, b"xattr_bytes", -(len(name) + len(old)))
+            self._put_inode(txn, inode)
+        return True
 
     def list_xattrs(self, ino: int) -> list[bytes]:
-        key = _u64(ino)
+        prefix = self._key(ino)
         out = []
-        with self.env.begin() as txn:
+        with self.txn() as txn:
             cur = txn.cursor(db=self.db["xattr"])
-            if cur.set_range(key):
+            if cur.set_range(prefix):
                 for k in cur.iternext(values=False):
-                    if k[:8] != key:
+                    if k[:12] != prefix:
                         break
-                    out.append(bytes(k[8:]))
+                    out.append(bytes(k[12:]))
         return out
 
-    # --------------------------------------------------------- logs
-
-    def _log_removed(self, txn, inode: Inode, parent: int, name: bytes, reason: str) -> None:
-        parent_path = self._path_in(txn, parent) or ""
-        name_s = name.decode(errors="surrogateescape")
-        rec = {"ino": inode.ino, "gen": inode.gen,
-               "path": f"{parent_path}/{name_s}" if parent_path else name_s,
-               "step": self._step(txn), "reason": reason}
-        key = _VOL_STEP_INO.pack(self.vol, rec["step"], inode.ino)
-        txn.put(key, json.dumps(rec).encode(), db=self.db["removed"])
-        self._trim_log(txn, "removed", REMOVED_LOG_MAX, b"removed_n")
-
-    def _trim_log(self, txn, db_name: str, limit: int, counter: bytes) -> None:
-        self._bump(txn, counter, 1)
-        if self._counter(txn, counter) <= limit:
-            return
-        cur = txn.cursor(db=self.db[db_name])
-        prefix = _U32.pack(self.vol)
-        if cur.set_range(prefix) and cur.key()[:4] == prefix:
-            cur.delete()
-            self._bump(txn, counter, -1)
-
-    def removed_since(self, step: int) -> list[dict]:
+    def _xattrs_of(self, txn, ino: int) -> list[tuple[bytes, bytes]]:
+        prefix = self._key(ino)
         out = []
-        db = self.db["removed"]
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=db)
-            if cur.set_range(_VOL_STEP_INO.pack(self.vol, step, 0)):
-                for key, val in cur:
-                    if _U32.unpack(key[:4])[0] != self.vol:
-                        break
-                    out.append(json.loads(bytes(val)))
+        cur = txn.cursor(db=self.db["xattr"])
+        if cur.set_range(prefix):
+            for k, v in cur:
+                if k[:12] != prefix:
+                    break
+                out.append((bytes(k[12:]), bytes(v)))
         return out
 
-    def log_eviction(self, txn, inode: Inode, record: dict) -> None:
-        seq = self._counter(txn, b"evict_seq")
-        self._bump(txn, b"evict_seq", 1)
-        txn.put(_VOL_SEQ.pack(self.vol, seq), json.dumps(record).encode(), db=self.db["evicted"])
-        txn.put(_u64(inode.ino), _VOL_SEQ.pack(self.vol, seq), db=self.db["evictino"])
-        self._bump(txn, b"evicted_n", 1)
-        if self._counter(txn, b"evicted_n") > EVICT_LOG_MAX:
-            cur = txn.cursor(db=self.db["evicted"])
-            prefix = _U32.pack(self.vol)
-            if cur.set_range(prefix) and cur.key()[:4] == prefix:
-                old = json.loads(bytes(cur.value()))
-                cur.delete()
-                txn.delete(_u64(old["ino"]), db=self.db["evictino"])
-                self._bump(txn, b"evicted_n", -1)
+    def _drop_xattrs(self, txn, ino: int) -> int:
+        """Delete every xattr of `ino`; the bytes they held."""
+        prefix = self._key(ino)
+        held = 0
+        cur = txn.cursor(db=self.db["xattr"])
+        if cur.set_range(prefix):
+            while cur.key()[:12] == prefix:
+                held += len(cur.key()) - 12 + len(cur.value())
+                if not cur.delete() or not cur.key():
+                    break
+        return held
+
+    # ------------------------------------------------------------- freeing
+
+    def free_inodes(self, inos: list[int]) -> None:
+        """Free nameless, unused inodes and their content, in one transaction."""
+        freed: list[bytes] = []
+        with self.txn(write=True) as txn:
+            for ino in inos:
+                freed += self._free_inode(txn, ino)
+        self._delete_unreferenced(freed)
+
+    def free_inode(self, ino: int) -> None:
+        self.free_inodes([ino])
+
+    def _free_inode(self, txn, ino: int) -> list[bytes]:
+        key = self._key(ino)
+        raw = txn.get(key, db=self.db["inode"])
+        txn.delete(key, db=self.db["orphan"])
+        if raw is None or Inode.unpack(ino, raw).nlink > 0:
+            return []
+        freed, _ = self._drop_blocks(txn, ino, 0)
+        txn.delete(key, db=self.db["link"])
+        self._bump(txn, b"xattr_bytes", -self._drop_xattrs(txn, ino))
+        # Not marked for snapshots: it left the tree when its last name went.
+        txn.delete(key, db=self.db["inode"])
+        return freed
+
+    def orphans(self) -> list[int]:
+        """Nameless inodes of this volume waiting to be freed."""
+        out = []
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db["orphan"])
+            if cur.set_range(self._vb):
+                for k in cur.iternext(values=False):
+                    if k[:4] != self._vb:
+                        break
+                    out.append(_VI.unpack(k)[1])
+        return out
+
+    # ------------------------------------------------------------ logs
+
+    def removed_since(self, step: int, limit: int = 100_000) -> list[dict]:
+        with self.txn() as txn:
+            return self.logs.removed_since(txn, step, limit)
 
     def eviction_log(self, limit: int = 100) -> list[dict]:
         """The newest `limit` eviction records, oldest first."""
-        out: list[dict] = []
-        db = self.db["evicted"]
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=db)
-            end = _VOL_SEQ.pack(self.vol + 1, 0)
-            if cur.set_range(end):
-                ok = cur.prev()
-            else:
-                ok = cur.last()
-            while ok and len(out) < limit:
-                if _U32.unpack(cur.key()[:4])[0] != self.vol:
-                    break
-                out.append(json.loads(bytes(cur.value())))
-                ok = cur.prev()
-        out.reverse()
-        return out
+        with self.txn() as txn:
+            return self.logs.newest(txn, limit)
+
+    def eviction_page(self, after_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        """Eviction records (seq, JSON bytes) after `after_seq`, oldest first."""
+        with self.txn() as txn:
+            return self.logs.page(txn, after_seq, limit)
 
     def eviction_record(self, ino: int) -> dict | None:
-        with self.env.begin() as txn:
-            raw = txn.get(_u64(ino), db=self.db["evictino"])
-            if raw is None:
-                return None
-            val = txn.get(bytes(raw), db=self.db["evicted"])
-        return json.loads(bytes(val)) if val is not None else None
+        with self.txn() as txn:
+            return self.logs.record_of(txn, ino)
 
-    def eviction_facts(self, inos: list[int]) -> dict[int, tuple[Inode, str, bytes | None]]:
-        """(inode, path, content hash or None if not cheaply known) per inode.
+    # ------------------------------------------------------------- eviction
 
-        One read transaction for a whole eviction batch; inline content is
-        hashed here, chunked content only if its hash is cached.
-        """
+    def eviction_facts(self, inos: list[int]) -> dict[int, tuple[Inode, str, bytes]]:
+        """(inode, path, content hash) per inode, in one read transaction."""
         out = {}
-        with self.env.begin() as txn:
+        with self.txn() as txn:
             for ino in inos:
                 inode = self._get_inode(txn, ino)
-                digest = inode.hash or None
-                if digest is None and inode.inline:
-                    raw = txn.get(_u64(ino), db=self.db["data"])
-                    data = bytes(raw) if raw is not None else b""
-                    digest = xxhash.xxh3_128_digest(data.ljust(inode.size, b"\0"))
+                digest = self.file_hash(inode.size, self._block_map(txn, ino))
                 out[ino] = (inode, self._path_in(txn, ino) or "", digest)
         return out
 
@@ -1019,61 +1258,50 @@ class Store:
         t = now_ns()
         out = []
         parents: set[int] = set()
-        self._deltas = {}  # counters change once per batch, not per file
-        try:
-            with self.env.begin(write=True) as txn:
-                for ino, record in victims:
-                    inode = self._get_inode(txn, ino)
-                    names: list[tuple[int, bytes]] = []
-                    cur = txn.cursor(db=self.db["backlink"])
-                    key = _u64(ino)
-                    if cur.set_range(key):
-                        for k in cur.iternext(values=False):
-                            if k[:8] != key:
-                                break
-                            names.append((_U64.unpack(k[8:16])[0], bytes(k[16:])))
-                    for parent, name in names:
-                        self._del_entry(txn, parent, name)
-                        parents.add(parent)
-                    old = inode.copy()
-                    inode.nlink = 0
-                    inode.ctime_ns = t
-                    self._reindex(txn, old, inode)
-                    self._put_inode(txn, inode)
-                    txn.put(key, b"", db=self.db["orphan"])
-                    self.log_eviction(txn, inode, record)
-                    rec = {"ino": ino, "gen": inode.gen, "path": record.get("path", ""),
-                           "step": record["evicted_step"], "reason": record["reason"]}
-                    txn.put(_VOL_STEP_INO.pack(self.vol, record["evicted_step"], ino),
-                            json.dumps(rec).encode(), db=self.db["removed"])
-                    self._trim_log(txn, "removed", REMOVED_LOG_MAX, b"removed_n")
-                    out.append((ino, names))
-                for parent in parents:  # once per directory, not once per file
-                    self._touch_dir(txn, self._get_inode(txn, parent), t)
-                self._apply_deltas(txn)
-        finally:
-            self._deltas = None  # an aborted batch leaves no pending counts behind
+        with self.txn(write=True) as txn, self.batched_counters(txn):
+            for ino, record in victims:
+                inode = self._get_inode(txn, ino)
+                names: list[tuple[int, bytes]] = []
+                cur = txn.cursor(db=self.db["backlink"])
+                key = self._key(ino)
+                if cur.set_range(key):
+                    for k in cur.iternext(values=False):
+                        if k[:12] != key:
+                            break
+                        names.append((_U64.unpack(k[12:20])[0], bytes(k[20:])))
+                for parent, name in names:
+                    self._del_entry(txn, parent, name)
+                    parents.add(parent)
+                old = inode.copy()
+                inode.nlink = 0
+                inode.ctime_ns = t
+                self._reindex(txn, old, inode)
+                self._put_inode(txn, inode)
+                txn.put(key, b"", db=self.db["orphan"])
+                self.logs.log_eviction(txn, ino, record)
+                self.logs.log_removed(txn, ino, inode.gen, record.get("path", ""),
+                                      record["evicted_step"], record["reason"])
+                out.append((ino, names))
+            for parent in parents:  # once per directory, not once per file
+                self._touch_dir(txn, self._get_inode(txn, parent), t)
         return out
 
-    # ----------------------------------------------------------- chunk maintenance
-
-    def chunk_refs(self) -> dict[bytes, tuple[int, int]]:
-        """Every chunkref record: hash -> (refcount, size)."""
-        with self.env.begin() as txn:
-            return {bytes(k): _REF.unpack(v) for k, v in txn.cursor(db=self.db["chunkref"])}
+    # ----------------------------------------------------------- maintenance
 
     def gc_chunks(self, min_temp_age_s: float = 60.0) -> dict[str, int]:
         """Delete chunk files no record references, tombstones and old temporaries."""
+        from .content import LOC_FILE, unpack_record
+
         removed = tomb = temps = 0
-        with self.env.begin(write=True) as txn:
-            db = self.db["chunkref"]
+        with self.txn(write=True) as txn:
+            db = self.db["content"]
             for digest in list(self.chunks.iter_all()):
                 raw = txn.get(digest, db=db)
-                if raw is None or _REF.unpack(raw)[0] == 0:
+                if raw is None or unpack_record(raw)[0] == 0:
                     self.chunks.delete(digest)
                     removed += 1
-            cur = txn.cursor(db=db)
-            dead = [bytes(k) for k, v in cur if _REF.unpack(v)[0] == 0]
+            dead = [bytes(k) for k, v in txn.cursor(db=db)
+                    if unpack_record(v)[0] == 0 and unpack_record(v)[2] == LOC_FILE]
             for digest in dead:
                 txn.delete(digest, db=db)
                 tomb += 1
@@ -1087,7 +1315,13 @@ class Store:
                     pass
         return {"chunks_removed": removed, "tombstones_removed": tomb, "temps_removed": temps}
 
-    def begin(self, write: bool = False):
-        """A raw transaction, for eviction's multi-step updates."""
-        return self.env.begin(write=write)
+    def content_refs(self) -> dict[bytes, tuple[int, int, int]]:
+        """Every content record: digest -> (refcount, size, location)."""
+        from .content import unpack_record
 
+        with self.txn() as txn:
+            return {bytes(k): unpack_record(v) for k, v in txn.cursor(db=self.db["content"])}
+
+    def apply_refs(self, txn, deltas: Counter) -> list[bytes]:
+        """Apply net content reference changes (for snapshots); chunk digests freed."""
+        return self.content.apply(txn, deltas)

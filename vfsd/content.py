@@ -1,0 +1,211 @@
+"""Content objects: immutable blocks named by their xxh3-128, refcounted.
+
+Every block of file content, wherever it lives, is one object named by the
+xxh3-128 digest of its bytes. Small objects (at most `inline_max` bytes when
+first stored) live in LMDB's `blob` database; larger ones are chunk files
+(`chunks.ChunkStore`). Whoever names an object holds one reference on it: a
+block of a live file, a block in a snapshot entry. Objects are shared by every
+file, snapshot and volume of the store that has the same bytes.
+
+A block reference, as the `block` database and snapshot entries store it, is
+17 bytes: the digest, then one location byte (`LOC_FILE` or `LOC_LMDB`). A
+digest's location never changes while it has references, so the copy in the
+reference is always right; readers need no lookup to find the bytes.
+
+The records (`content` and `blob` databases) are described in `store`; this
+module owns every change to them. Reads are verified: bytes that do not hash
+to their name are never served (`CorruptChunk`, EIO).
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from collections import Counter
+
+import xxhash
+
+from . import errors
+from .chunks import ChunkStore, chunk_hash
+
+LOC_FILE = 0
+LOC_LMDB = 1
+REF_LEN = 17
+#: refcount u64 + size u32 + location u8
+_RECORD = struct.Struct(">QIB")
+
+
+def make_ref(digest: bytes, loc: int) -> bytes:
+    return digest + bytes((loc,))
+
+
+def ref_digest(ref: bytes) -> bytes:
+    return ref[:16]
+
+
+def ref_loc(ref: bytes) -> int:
+    return ref[16]
+
+
+def unpack_record(raw: bytes) -> tuple[int, int, int]:
+    """(refcount, size, location) of a `content` record."""
+    return _RECORD.unpack(raw)
+
+
+def pack_record(count: int, size: int, loc: int) -> bytes:
+    return _RECORD.pack(count, size, loc)
+
+
+def all_zero(buf: bytes | bytearray | memoryview) -> bool:
+    # Cheap exits first: real data rarely starts and ends with NUL.
+    return not buf or (buf[0] == 0 and buf[-1] == 0 and bytes(buf).count(0) == len(buf))
+
+
+def _disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class ContentStore:
+    """Reference counting and verified reads of content objects.
+
+    Methods that take `txn` run inside the caller's LMDB write transaction;
+    chunk files are written before that transaction commits and deleted only
+    after a later transaction has seen their count still at zero
+    (`delete_unreferenced`), so a record never names a missing file.
+    """
+
+    def __init__(self, db: dict, chunks: ChunkStore, bump, inline_max: int) -> None:
+        self.db = db
+        self.chunks = chunks
+        self._bump = bump  # store counter update: bump(txn, key, delta, volume=False)
+        self.inline_max = inline_max
+
+    # -------------------------------------------------------------- writing
+
+    def put(self, txn, data: bytes | bytearray | memoryview) -> bytes | None:
+        """Take one reference on an object holding `data`; its block reference.
+
+        All-zero data is a hole: no object, None.
+        """
+        if all_zero(data):
+            return None
+        digest = chunk_hash(data)
+        db = self.db["content"]
+        raw = txn.get(digest, db=db)
+        if raw is not None:
+            count, size, loc = _RECORD.unpack(raw)
+            if count > 0:
+                txn.put(digest, _RECORD.pack(count + 1, size, loc), db=db)
+                return make_ref(digest, loc)
+            # A chunk tombstone: its file may already be gone.
+            if loc == LOC_FILE and not self.chunks.exists(digest):
+                self._write_file(digest, data)
+        else:
+            loc = LOC_LMDB if len(data) <= self.inline_max else LOC_FILE
+            if loc == LOC_LMDB:
+                txn.put(digest, bytes(data), db=self.db["blob"])
+            else:
+                self._write_file(digest, data)
+        self._count_object(txn, loc, len(data), +1)
+        txn.put(digest, _RECORD.pack(1, len(data), loc), db=db)
+        return make_ref(digest, loc)
+
+    def _write_file(self, digest: bytes, data) -> None:
+        try:
+            self.chunks.put(digest, data)
+        except OSError as exc:
+            if _disk_full(exc):
+                raise errors.NoSpace(f"no room for a chunk: {exc.strerror}") from None
+            raise
+
+    def _count_object(self, txn, loc: int, size: int, sign: int) -> None:
+        if loc == LOC_LMDB:
+            self._bump(txn, b"blob_count", sign, volume=False)
+            self._bump(txn, b"blob_bytes", sign * size, volume=False)
+        else:
+            self._bump(txn, b"chunk_count", sign, volume=False)
+            self._bump(txn, b"chunk_bytes", sign * size, volume=False)
+
+    def incref(self, txn, ref: bytes, n: int = 1) -> None:
+        """Take `n` more references on an object that has at least one."""
+        digest = ref_digest(ref)
+        raw = txn.get(digest, db=self.db["content"])
+        if raw is None or _RECORD.unpack(raw)[0] == 0:
+            raise errors.Corrupt(f"content {digest.hex()} has no references to share")
+        count, size, loc = _RECORD.unpack(raw)
+        txn.put(digest, _RECORD.pack(count + n, size, loc), db=self.db["content"])
+
+    def decref(self, txn, ref: bytes, n: int = 1) -> bytes | None:
+        """Drop `n` references; the digest if the chunk file is now unreferenced.
+
+        An inline object is deleted at once (same transaction); a chunk file
+        stays as a tombstone until `delete_unreferenced` runs after commit.
+        """
+        digest = ref_digest(ref)
+        db = self.db["content"]
+        raw = txn.get(digest, db=db)
+        if raw is None:
+            return None
+        count, size, loc = _RECORD.unpack(raw)
+        if count == 0:
+            return None
+        count = max(count - n, 0)
+        if count:
+            txn.put(digest, _RECORD.pack(count, size, loc), db=db)
+            return None
+        self._count_object(txn, loc, size, -1)
+        if loc == LOC_LMDB:
+            txn.delete(digest, db=db)
+            txn.delete(digest, db=self.db["blob"])
+            return None
+        txn.put(digest, _RECORD.pack(0, size, loc), db=db)
+        return digest
+
+    def apply(self, txn, deltas: Counter) -> list[bytes]:
+        """Apply net reference changes {ref: +n/-n}; chunk digests freed.
+
+        Increments first, so an object moving between holders is never freed.
+        """
+        for ref, n in deltas.items():
+            if n > 0:
+                self.incref(txn, ref, n)
+        freed = []
+        for ref, n in deltas.items():
+            if n < 0:
+                digest = self.decref(txn, ref, -n)
+                if digest is not None:
+                    freed.append(digest)
+        return freed
+
+    def delete_unreferenced(self, env_txn, digests: list[bytes]) -> None:
+        """Delete chunk files whose count is still zero (called in a new write txn)."""
+        db = self.db["content"]
+        for digest in digests:
+            raw = env_txn.get(digest, db=db)
+            if raw is not None and _RECORD.unpack(raw)[0] == 0:
+                self.chunks.delete(digest)
+                env_txn.delete(digest, db=db)
+
+    # -------------------------------------------------------------- reading
+
+    def is_cached(self, ref: bytes) -> bool:
+        return ref_loc(ref) == LOC_LMDB or self.chunks.is_cached(ref_digest(ref))
+
+    def read(self, txn_source, ref: bytes, offset: int, length: int) -> bytes:
+        """Bytes of an object, verified against its name.
+
+        `txn_source()` opens a read transaction (for inline objects).
+        """
+        digest = ref_digest(ref)
+        if ref_loc(ref) == LOC_FILE:
+            return self.chunks.read(digest, offset, length)
+        with txn_source() as txn:
+            raw = txn.get(digest, db=self.db["blob"])
+            data = bytes(raw) if raw is not None else None
+        if data is None:
+            raise errors.CorruptChunk(f"inline content {digest.hex()} is missing")
+        if xxhash.xxh3_128_digest(data) != digest:
+            raise errors.CorruptChunk(f"inline content {digest.hex()} does not match its hash")
+        if offset == 0 and length >= len(data):
+            return data
+        return data[offset:offset + length]

@@ -1,0 +1,54 @@
+"""The content hash of a whole file, as references carry it.
+
+A file's hash is the xxh3-128 of a short header (format tag, size, chunk size)
+followed by the xxh3-128 digest of each chunk-sized block, in order; a hole
+counts as the digest of that many zero bytes. Every stored block is named by
+exactly that digest, so hashing a file reads no content at all: it costs one
+16-byte digest per block, and a 200 GB sparse file hashes in milliseconds.
+The scheme is the one Dropbox uses for its content hash. `mount_tool.refs`
+implements the same definition for bytes it reads (it never imports vfsd);
+`tests/test_filehash.py` keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+
+import xxhash
+
+TAG = b"vfsd-file-hash-1\0"
+_HEADER = struct.Struct(">QI")
+
+
+@functools.lru_cache(maxsize=64)
+def zero_digest(length: int) -> bytes:
+    """Digest of `length` zero bytes (what a hole of that length hashes as)."""
+    return xxhash.xxh3_128_digest(bytes(length))
+
+
+def file_hash(size: int, digests: dict[int, bytes], chunk_size: int) -> bytes:
+    """The file hash from the block digests (missing indexes are holes)."""
+    h = xxhash.xxh3_128()
+    h.update(TAG + _HEADER.pack(size, chunk_size))
+    nblocks = -(-size // chunk_size)
+    full_zero = zero_digest(chunk_size)
+    parts = []
+    for idx in range(nblocks):
+        d = digests.get(idx)
+        if d is None:
+            d = full_zero if idx < nblocks - 1 else zero_digest(size - idx * chunk_size)
+        parts.append(d)
+        if len(parts) >= 4096:  # bounded memory for huge sparse files
+            h.update(b"".join(parts))
+            parts.clear()
+    h.update(b"".join(parts))
+    return h.digest()
+
+
+def bytes_hash(data: bytes | bytearray | memoryview, chunk_size: int) -> bytes:
+    """The file hash of `data` (what `file_hash` gives for a file holding it)."""
+    view = memoryview(data)
+    digests = {i: xxhash.xxh3_128_digest(view[off:off + chunk_size])
+               for i, off in enumerate(range(0, len(view), chunk_size))}
+    return file_hash(len(view), digests, chunk_size)

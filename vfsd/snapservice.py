@@ -1,0 +1,215 @@
+"""Snapshot, restore and fork on a mounted volume: the store and the kernel in step.
+
+`snapshots` changes the store; this module makes the mount agree with it.
+Before a snapshot or a restore, whatever programs wrote must be in the store:
+the kernel's dirty pages are written back (`syncfs` on the mount, from a
+worker thread, while the loop serves the WRITE requests that causes), then the
+daemon's own buffers are committed. After a restore, the kernel forgets every
+name and page that changed (from a worker thread: the calls block), and open
+files reload their block maps, so the shell never sees a mix of two trees.
+Operations are serialized by one lock; each store change is one transaction.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import pyfuse3
+import structlog
+import trio
+
+from . import errors
+from .rundir import RunDir
+from .snapshots import SnapshotError, Snapshots, parse_id
+
+log = structlog.get_logger("vfsd.snapshots")
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(path: Path) -> None:
+    """Write back every dirty page of the filesystem holding `path`."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+
+
+class SnapshotService:
+    """What the control socket calls for snapshots of the mounted volume."""
+
+    def __init__(self, daemon, snaps: Snapshots) -> None:
+        self.daemon = daemon
+        self.snaps = snaps
+        self.store = snaps.store
+        self.ops = daemon.ops
+        self.lock = trio.Lock()
+
+    async def _quiesce(self) -> None:
+        """Get programs' writes into the store."""
+        try:
+            await trio.to_thread.run_sync(syncfs, self.daemon.run.mountpoint)
+        except OSError as exc:  # unit tests without a mount
+            log.debug("syncfs_failed", error=str(exc))
+        self.ops.flush_all()
+
+    # ------------------------------------------------------------- create
+
+    async def snapshot(self, *, pinned: bool = False, label: str = "") -> dict:
+        async with self.lock:
+            await self._quiesce()
+            rec = self.snaps.create(pinned=pinned, label=label)
+            rec["deleted"] = self._retention()
+        log.info("snapshot", id=rec["id"], entries=rec["entries"],
+                 duration_ms=rec["duration_ms"], deleted=rec["deleted"])
+        return rec
+
+    def _retention(self) -> list[str]:
+        deleted = self.snaps.apply_retention()
+        for ident in deleted:
+            self._forget_view(ident)
+        return deleted
+
+    def apply_retention(self) -> list[str]:
+        """After a step advance: snapshots too old for the policy go."""
+        return self._retention()
+
+    def _forget_view(self, ident: str) -> None:
+        view = self.ops.snapview
+        if view is None:
+            return
+        view.forget_snapshot(ident)
+        try:
+            from . import snapview
+
+            pyfuse3.invalidate_entry_async(snapview.DIR_INO, ident.encode(),
+                                           ignore_enoent=True)
+        except Exception as exc:  # not mounted (unit tests)
+            log.debug("invalidate_failed", error=str(exc))
+
+    def delete(self, ident: str) -> dict:
+        rec = self.snaps.delete(ident)
+        self._forget_view(ident)
+        return rec
+
+    # ------------------------------------------------------------ restore
+
+    async def restore(self, ident: str) -> dict:
+        async with self.lock:
+            self.snaps.get(ident)  # a clear error before any work
+            await self._quiesce()
+            res = self.snaps.restore(ident)
+            files = self.ops.files
+            for ino in res["inodes"]:
+                files.reload(ino)
+            self.ops._maybe_free(*res["unlinked"])
+            await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
+        log.info("restored", id=res["id"], changed=res["changed"],
+                 duration_ms=res["duration_ms"])
+        return {"id": res["id"], "step": res["step"], "changed": res["changed"],
+                "inodes": len(res["inodes"]), "names": len(res["dentries"]),
+                "duration_ms": res["duration_ms"]}
+
+    @staticmethod
+    def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int]) -> None:
+        for parent, name in dentries:
+            try:
+                pyfuse3.invalidate_entry(parent, name)
+            except OSError:
+                pass  # not in the kernel's cache
+        for ino in inodes:
+            try:
+                pyfuse3.invalidate_inode(ino, attr_only=False)
+            except OSError:
+                pass
+
+    # --------------------------------------------------------------- fork
+
+    async def fork(self, ident: str, run_dir: str) -> dict:
+        """A new volume holding snapshot `ident`, for the run dir `run_dir`."""
+        seq = parse_id(ident)
+        new = self._check_fork_target(run_dir)
+        store = self.store
+        name = str(new.path)
+        async with self.lock:
+            rec = self.snaps.get(ident)
+            self.snaps.held[seq] += 1
+            try:
+                dest = self._new_volume(name, rec)
+                okeys = await trio.to_thread.run_sync(self._visible, seq)
+                for _done, _total in self.snaps.copy_into(seq, dest, okeys):
+                    await trio.sleep(0)  # other requests between batches
+                with store.txn(write=True) as txn:
+                    txn.put(dest._vp + b"step", rec["step"].to_bytes(8, "big"),
+                            db=store.db["meta"])
+                    txn.delete(dest._vp + b"incomplete", db=store.db["meta"])
+            finally:
+                self.snaps.held[seq] -= 1
+                if not self.snaps.held[seq]:
+                    del self.snaps.held[seq]
+        new.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        new.record_store(store.dir, name)
+        log.info("forked", snapshot=ident, run_dir=name, files=dest.counters()["files"])
+        return {"run_dir": name, "store": str(store.dir), "volume": name,
+                "run": dest.run_id, "snapshot": ident, "files": dest.counters()["files"]}
+
+    def _visible(self, seq: int) -> list[bytes]:
+        with self.store.txn() as txn:
+            return self.snaps._visible_okeys(txn, seq)
+
+    def _check_fork_target(self, run_dir: str) -> RunDir:
+        if not isinstance(run_dir, str) or not run_dir or "\0" in run_dir:
+            raise SnapshotError("the new run dir must be a non-empty path")
+        path = Path(run_dir)
+        if not path.is_absolute():
+            raise SnapshotError("the new run dir must be an absolute path")
+        new = RunDir(path)
+        mine = self.daemon.run
+        for other in (mine.path, mine.mountpoint, self.store.dir):
+            real = Path(os.path.realpath(new.path))
+            if real == other or other in real.parents:
+                raise SnapshotError(f"{new.path} is inside {other}: pick a directory elsewhere")
+        if new.store_file.exists():
+            raise SnapshotError(f"{new.path} is already a run dir")
+        if new.mountpoint.exists() and any(new.mountpoint.iterdir()):
+            raise SnapshotError(f"{new.mountpoint} is not empty")
+        return new
+
+    def _new_volume(self, name: str, rec: dict):
+        store = self.store
+        if name in store.volumes():
+            view = store.view(name)
+            if not view.meta_u64(b"incomplete"):
+                raise SnapshotError(f"the store already has a volume for {name}")
+            store.drop_volume(name)  # a fork that died half way: start over
+        with store.txn(write=True) as txn:
+            store.create_volume(txn, name, with_root=False)
+        dest = store.view(name)
+        with store.txn(write=True) as txn:
+            txn.put(dest._vp + b"incomplete", (1).to_bytes(8, "big"), db=store.db["meta"])
+            txn.put(dest._vp + b"forked_from",
+                    f'{{"run": "{self.store.run_id}", "snapshot": "{rec["id"]}"}}'.encode(),
+                    db=store.db["meta"])
+        return dest
+
+    # --------------------------------------------------------- read-only
+
+    def list(self) -> dict:
+        return {"snapshots": self.snaps.list(), **self.snaps.state(),
+                "run": self.store.run_id}
+
+    def diff(self, a: str, b: str | None) -> dict:
+        return {"a": a, "b": b or "live", "changes": self.snaps.diff(a, b)}
+
+    def locate(self, ino: int, gen: int, digest_hex: str) -> dict | None:
+        try:
+            digest = bytes.fromhex(digest_hex)
+        except ValueError:
+            raise errors.InvalidArgument("'hash' must be 32 hex digits") from None
+        if len(digest) != 16:
+            raise errors.InvalidArgument("'hash' must be 32 hex digits")
+        return self.snaps.locate(ino, gen, digest)
