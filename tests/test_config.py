@@ -69,6 +69,8 @@ def non_defaults(alt: bool = False) -> dict:
         "max_tasks": 4 if alt else 8,
         "metrics_port": free_port(),
         "xattr_reads": not alt,
+        "snapshot_keep_last": 8 if alt else 16,
+        "snapshot_keep_steps": 5 if alt else 10,
         "remote_endpoint_url": "http://127.0.0.1:9" if alt else "https://s3.example.com",
         "remote_region": "eu-west-3" if alt else "eu-central-1",
         "remote_profile": "other" if alt else "vfsd",
