@@ -27,6 +27,12 @@ runs/<run_id>/head            PLACEHOLDER: pointer to the latest published snaps
     The `hh` level is not for S3, which does not care, but for humans and
     for listing a slice of the chunks (GC can sweep `chunks/00/` to `ff/` in
     parallel).
+    Every content object (`vfsd.content`) is named the same way, whether it
+    lives locally as a chunk file or as a small blob in LMDB: the uploader
+    reads it through a callback and does not care where. Whether small
+    objects travel one per object here or packed into manifests is for the
+    manifest format to decide (tens of thousands of 2 KB objects cost a PUT
+    each).
 
 `runs/<run_id>/lease`
     One writer per run (`vfsd.lease`). A small JSON object:
@@ -41,7 +47,10 @@ runs/<run_id>/head            PLACEHOLDER: pointer to the latest published snaps
     holder's wall clock, for humans only. A released lease (`"released":
     true`, written by a clean shutdown) can be taken at once.
 
-PLACEHOLDER `runs/<run_id>/manifests/<snapshot id>`
+`<run_id>` is the volume's run id as the store keeps it (32 hex digits; see
+`Store.run_id`); `check_run_id` accepts any id of 1-128 letters, digits, `._-`.
+
+PLACEHOLDER `runs/<run_id>/manifests/<snapshot id>` (ids as `vfsd.snapshots` names them)
     A published snapshot: an immutable object, written with `If-None-Match: *`
     only after every chunk it names is in the bucket
     (`uploader.ensure_uploaded`). Format: versioned, compact, to be defined
