@@ -61,6 +61,33 @@ def _config_options(fn):
         click.option("--xattr-reads/--no-xattr-reads", default=None,
                      help="Answer getxattr (costs a round trip per write(); off: read "
                           "attributes from .vfsd/attr/PATH) [off]."),
+        click.option("--remote-endpoint-url", help="S3 endpoint URL [AWS_ENDPOINT_URL, else AWS]."),
+        click.option("--remote-region", help="S3 region [AWS_REGION, the profile's, else us-east-1]."),
+        click.option("--remote-profile", help="AWS profile for the object store [AWS_PROFILE]."),
+        click.option("--remote-credentials-file",
+                     help="AWS-format credentials file [~/.aws/credentials]."),
+        click.option("--remote-addressing-style", type=click.Choice(["auto", "path", "virtual"]),
+                     help="Bucket in the path or in the host name [auto]."),
+        click.option("--remote-connect-timeout", type=float,
+                     help="Seconds to connect to the object store [5]."),
+        click.option("--remote-read-timeout", type=float,
+                     help="Seconds to wait for object store data [30]."),
+        click.option("--remote-max-attempts", type=int,
+                     help="Tries per object store request, transient errors only [5]."),
+        click.option("--remote-retry-base-delay", type=float,
+                     help="First retry delay in seconds; doubles, with jitter [0.1]."),
+        click.option("--remote-retry-max-delay", type=float, help="Longest retry delay [10]."),
+        click.option("--remote-workers", type=int, help="Object store requests in flight [8]."),
+        click.option("--remote-upload-queue", type=int,
+                     help="Chunks queued for upload in memory; the rest wait on disk [4096]."),
+        click.option("--remote-fetch-timeout", type=float,
+                     help="Seconds a read waits for a chunk from the object store [30]."),
+        click.option("--remote-readahead-chunks", type=int,
+                     help="Chunks fetched ahead of a sequential read [4]."),
+        click.option("--remote-cache-bytes", type=int,
+                     help="Bound of the local chunk cache of a remote run."),
+        click.option("--remote-lease-ttl", type=float,
+                     help="Seconds a run's writer lease lives without renewal [30]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -70,7 +97,13 @@ def _config_options(fn):
 _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
                 "quota_bytes", "max_files", "durability", "log_level", "allow_other",
                 "entry_timeout", "max_tasks", "metrics_port", "snapshot_keep_last",
-                "snapshot_keep_steps", "xattr_reads")
+                "snapshot_keep_steps", "xattr_reads",
+                "remote_endpoint_url", "remote_region", "remote_profile",
+                "remote_credentials_file", "remote_addressing_style", "remote_connect_timeout",
+                "remote_read_timeout", "remote_max_attempts", "remote_retry_base_delay",
+                "remote_retry_max_delay", "remote_workers", "remote_upload_queue",
+                "remote_fetch_timeout", "remote_readahead_chunks", "remote_cache_bytes",
+                "remote_lease_ttl")
 
 
 @cli.command()
