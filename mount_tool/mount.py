@@ -332,6 +332,29 @@ class Mount:
         """The daemon's status document (as `vfsd status --json`)."""
         return self.client.call("stats")
 
+    # -- remote tier ----------------------------------------------------------
+
+    def sync(self, snapshot_id: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait until a snapshot (default: the latest) is published to the run's
+        bucket: {"published": "s12", "run", "remote", "snapshot": {...}}.
+
+        Raises ControlError with code "timeout" (not published in time: the
+        message says what is left, the publication goes on), "not_publishable"
+        (deleted first, or another worker holds the run) or "no_remote".
+        """
+        args: dict[str, Any] = {"timeout": float(timeout)}
+        if snapshot_id is not None:
+            args["snapshot"] = str(snapshot_id)
+        # A connection of its own: the wait may outlast the shared client's timeout.
+        with ControlClient(self.client.socket_path, timeout=float(timeout) + 30) as c:
+            return c.call("sync", **args)
+
+    def publish_status(self) -> dict[str, Any]:
+        """Which retained snapshots are published: {"run", "remote", "state",
+        "latest", "published", "snapshots": [{"id", "step", "published", "full"}],
+        "backlog", "last_error"}. ControlError "no_remote" without a remote."""
+        return self.client.call("publish_status")
+
 
 def mount(run_dir: str | os.PathLike[str], **options: Any) -> Mount:
     """Mount `run_dir` with vfsd and return the Mount (a context manager).

@@ -71,6 +71,7 @@ def non_defaults(alt: bool = False) -> dict:
         "xattr_reads": not alt,
         "snapshot_keep_last": 8 if alt else 16,
         "snapshot_keep_steps": 5 if alt else 10,
+        "remote_url": "s3://other-bucket/p" if alt else "s3://a-bucket/runs",
         "remote_endpoint_url": "http://127.0.0.1:9" if alt else "https://s3.example.com",
         "remote_region": "eu-west-3" if alt else "eu-central-1",
         "remote_profile": "other" if alt else "vfsd",
@@ -87,6 +88,9 @@ def non_defaults(alt: bool = False) -> dict:
         "remote_readahead_chunks": 2 if alt else 8,
         "remote_cache_bytes": (3 << 30) if alt else (1 << 30),
         "remote_lease_ttl": 12.0 if alt else 20.0,
+        "remote_lease_wait": 3.0 if alt else 7.0,
+        "remote_full_every": 4 if alt else 8,
+        "remote_gc_grace": 60.0 if alt else 600.0,
     }
     assert set(values) == set(option_names()), "a new option needs a test value here"
     defaults = Config().as_dict()
@@ -156,6 +160,12 @@ def test_unknown_key_in_vfsd_table_is_named(tmp_path: Path):
         ("remote_readahead_chunks", -1),
         ("remote_cache_bytes", 4096),  # less than 4 chunks
         ("remote_lease_ttl", 1),
+        ("remote_url", "http://bucket/x"),
+        ("remote_url", "s3://Bad_Bucket/x"),
+        ("remote_url", "s3://bucket/a/../b"),
+        ("remote_lease_wait", -1),
+        ("remote_full_every", 0),
+        ("remote_gc_grace", 0.5),
     ],
 )
 def test_bad_value_is_named(tmp_path: Path, key: str, value):
@@ -191,21 +201,33 @@ def test_bad_flag_is_named(tmp_path: Path, flags: list[str], named: str):
 # ------------------------------------------------------- every option, both ways
 
 
+def without_remote(values: dict) -> dict:
+    """The options minus `remote_url`: a mount with it would reach for the bucket
+    (tests/test_remote_tier.py mounts with one, on a real object store)."""
+    return {k: v for k, v in values.items() if k != "remote_url"}
+
+
 @pytest.mark.fuse
 def test_every_option_from_the_file(tmp_path: Path, run_factory):
-    wanted = non_defaults()
+    wanted = without_remote(non_defaults())
     config = write_toml(tmp_path / "vfsd.toml", wanted)
     run = run_factory("from-file", "--config", str(config))
-    assert run.status()["config"] == wanted
+    assert run.status()["config"] == {**wanted, "remote_url": None}
 
 
 @pytest.mark.fuse
 def test_every_option_from_flags_and_flags_win_over_the_file(tmp_path: Path, run_factory):
-    wanted = non_defaults()
-    other = non_defaults(alt=True)
+    wanted = without_remote(non_defaults())
+    other = without_remote(non_defaults(alt=True))
     config = write_toml(tmp_path / "vfsd.toml", other)
     run = run_factory("from-flags", "--config", str(config), *cli_flags(wanted))
-    assert run.status()["config"] == wanted
+    assert run.status()["config"] == {**wanted, "remote_url": None}
+
+
+def test_remote_url_from_the_file_and_the_flag():
+    values = non_defaults()
+    assert load_config(None, {"remote_url": values["remote_url"]}).remote_url == \
+        "s3://a-bucket/runs"
 
 
 @pytest.mark.fuse

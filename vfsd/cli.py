@@ -61,6 +61,9 @@ def _config_options(fn):
         click.option("--xattr-reads/--no-xattr-reads", default=None,
                      help="Answer getxattr (costs a round trip per write(); off: read "
                           "attributes from .vfsd/attr/PATH) [off]."),
+        click.option("--remote", "--remote-url", "remote_url", metavar="s3://BUCKET/PREFIX",
+                     help="Keep the run's chunks and published snapshots in this bucket "
+                          "prefix (remembered by the store)."),
         click.option("--remote-endpoint-url", help="S3 endpoint URL [AWS_ENDPOINT_URL, else AWS]."),
         click.option("--remote-region", help="S3 region [AWS_REGION, the profile's, else us-east-1]."),
         click.option("--remote-profile", help="AWS profile for the object store [AWS_PROFILE]."),
@@ -88,6 +91,13 @@ def _config_options(fn):
                      help="Bound of the local chunk cache of a remote run."),
         click.option("--remote-lease-ttl", type=float,
                      help="Seconds a run's writer lease lives without renewal [30]."),
+        click.option("--remote-lease-wait", type=float,
+                     help="Seconds a mount waits for another worker's lease to lapse "
+                          "[lease TTL + 5]."),
+        click.option("--remote-full-every", type=int,
+                     help="Publish a full manifest every N publications [16]."),
+        click.option("--remote-gc-grace", type=float,
+                     help="Bucket GC never deletes chunks younger than this [3600]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -98,12 +108,12 @@ _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_ste
                 "quota_bytes", "max_files", "durability", "log_level", "allow_other",
                 "entry_timeout", "max_tasks", "metrics_port", "snapshot_keep_last",
                 "snapshot_keep_steps", "xattr_reads",
-                "remote_endpoint_url", "remote_region", "remote_profile",
+                "remote_url", "remote_endpoint_url", "remote_region", "remote_profile",
                 "remote_credentials_file", "remote_addressing_style", "remote_connect_timeout",
                 "remote_read_timeout", "remote_max_attempts", "remote_retry_base_delay",
                 "remote_retry_max_delay", "remote_workers", "remote_upload_queue",
                 "remote_fetch_timeout", "remote_readahead_chunks", "remote_cache_bytes",
-                "remote_lease_ttl")
+                "remote_lease_ttl", "remote_lease_wait", "remote_full_every", "remote_gc_grace")
 
 
 @cli.command()
@@ -112,17 +122,31 @@ _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_ste
               help="Store directory (shared stores dedup across run dirs) [RUN_DIR/.vfsd].")
 @click.option("--foreground", "-f", is_flag=True, help="Run the daemon in this process.")
 @click.option("--log-stderr", is_flag=True, help="Log to stderr instead of RUN_DIR/.vfsd/vfsd.log.")
+@click.option("--from", "--resume-from", "resume_from", metavar="RUN_ID@SNAPSHOT",
+              help="Start from a snapshot published in the --remote bucket (an empty run "
+                   "dir; files are fetched on first read).")
 @_config_options
 def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
-          config_path: Path | None, **opts) -> None:
+          resume_from: str | None, config_path: Path | None, **opts) -> None:
     """Mount RUN_DIR/fs, with the store in RUN_DIR/.vfsd unless --store says otherwise.
 
-    Returns once the mount answers.
+    Returns once the mount answers. With --remote, the run's chunks and
+    snapshots go to an S3 bucket; with --from RUN_ID@SNAPSHOT, an empty run
+    dir resumes a run published there by another worker.
     """
     try:
         config = load_config(config_path, {k: opts.get(k) for k in _OPTION_KEYS})
     except (ConfigError, TypeError) as exc:
         _fail(str(exc), 2)
+    if resume_from is not None:
+        from .remote import BadResumeSpec, parse_resume_spec
+
+        try:
+            parse_resume_spec(resume_from)
+        except BadResumeSpec as exc:
+            _fail(str(exc), 2)
+        if config.remote_url is None:
+            _fail("--from needs --remote s3://BUCKET/PREFIX (where the run was published)", 2)
     run = RunDir(run_dir)
     if run.path.exists() and not run.path.is_dir():
         _fail(f"{run.path} exists and is not a directory", 2)
@@ -139,16 +163,34 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
     if foreground:
         from .daemon import run_daemon
 
-        sys.exit(run_daemon(run, config, store_dir, volume, log_to_stderr=log_stderr))
-    _spawn_daemon(run, config, store_dir, volume)
+        sys.exit(run_daemon(run, config, store_dir, volume, log_to_stderr=log_stderr,
+                            resume_from=resume_from))
+    _spawn_daemon(run, config, store_dir, volume, resume_from)
     click.echo(f"vfsd: mounted {run.mountpoint} (store {store_dir})")
+    _say_if_read_only(run)
 
 
-def _spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str) -> None:
+def _say_if_read_only(run: RunDir) -> None:
+    """A remote run dir mounted read-only (another worker holds the run): say so."""
+    try:
+        with ControlClient(run.sock, timeout=10) as c:
+            remote = c.call("stats").get("remote")
+    except (DaemonUnreachable, ControlError, OSError, ValueError):
+        return
+    if remote and remote.get("read_only"):
+        click.echo(f"vfsd: read-only: {remote.get('reason')}", err=True)
+    elif remote and remote.get("state") != "held":
+        click.echo(f"vfsd: {remote.get('reason')}", err=True)
+
+
+def _spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
+                  resume_from: str | None = None) -> None:
     rfd, wfd = os.pipe()
     args = [sys.executable, "-m", "vfsd.serve", "--run-dir", str(run.path),
             "--store", str(store_dir), "--volume", volume,
             "--config-json", json.dumps(config.as_dict()), "--ready-fd", str(wfd)]
+    if resume_from is not None:
+        args += ["--resume-from", resume_from]
     log_fd = os.open(run.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(log_fd, "ab") as logf:
         proc = subprocess.Popen(args, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
@@ -209,9 +251,10 @@ def _client(run: RunDir) -> ControlClient:
         _fail(f"{exc}; is {run.path} mounted?")
 
 
-def _call(run_path: Path, op: str, /, **args) -> dict:
+def _call(run_path: Path, op: str, /, client_timeout: float = 60.0, **args) -> dict:
     run = RunDir(run_path)
     with _client(run) as c:
+        c.sock.settimeout(client_timeout)
         try:
             return c.call(op, **args)
         except ControlError as exc:
@@ -253,6 +296,27 @@ def status(run_dir: Path, as_json: bool) -> None:
         ("stored bytes", _human(doc["stored_bytes"])),
         ("dedup ratio", f"{doc['dedup_ratio']:.2f}x"),
     ]
+    remote = doc.get("remote")
+    if remote:
+        backlog = remote.get("backlog", {})
+        age = remote.get("oldest_unpublished_change_age_s")
+        rows += [
+            ("remote", remote.get("url")),
+            ("  run", remote.get("run")),
+            ("  lease", remote.get("state") + (f" ({remote['reason']})"
+                                               if remote.get("reason") else "")),
+            ("  upload backlog", f"{backlog.get('chunks', 0)} chunk(s), "
+                                 f"{_human(backlog.get('bytes', 0))}"),
+            ("  uploaded, unpublished", f"{backlog.get('unpublished_chunks', 0)} chunk(s)"),
+            ("  published", (remote.get("publisher") or {}).get("published") or "none"),
+            ("  oldest unpublished change", "none" if age is None else f"{age:.1f} s ago"),
+            ("  last error", remote.get("last_error") or "none"),
+        ]
+        cache = remote.get("cache") or {}
+        if cache:
+            limit = cache.get("limit")
+            rows.append(("  local chunk cache", f"{_human(cache.get('bytes', 0))}"
+                         + (f" of {_human(limit)}" if limit else " (no bound)")))
     for key, value in doc.get("counters", {}).items():
         rows.append((key.replace("_", " "), value))
     width = max(len(k) for k, _ in rows)
@@ -307,9 +371,60 @@ def evicted(run_dir: Path, limit: int, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-def gc(run_dir: Path) -> None:
-    """Remove unreferenced chunks and leftover temporary files."""
+@click.option("--snapshot", "snapshot_id", help="Wait for this snapshot instead of the latest.")
+@click.option("--take", is_flag=True, help="Take a snapshot first, then wait for it.")
+@click.option("--timeout", default=60.0, show_default=True,
+              help="Seconds to wait before giving up (the publication goes on).")
+@click.option("--json", "as_json", is_flag=True)
+def sync(run_dir: Path, snapshot_id: str | None, take: bool, timeout: float,
+         as_json: bool) -> None:
+    """Wait until the latest snapshot of RUN_DIR is published to its bucket."""
+    if take:
+        snapshot_id = _call(run_dir, "snapshot")["id"]
+    args = {"timeout": timeout}
+    if snapshot_id:
+        args["snapshot"] = snapshot_id
+    res = _call(run_dir, "sync", client_timeout=timeout + 30, **args)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+    elif res.get("published") is None:
+        click.echo(f"vfsd: {res.get('message', 'nothing to publish')}")
+    else:
+        click.echo(f"vfsd: {res['published']} of run {res['run']} is published in "
+                   f"{res['remote']}")
+
+
+@cli.command()
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--remote", "remote_url", metavar="s3://BUCKET/PREFIX",
+              help="Sweep this bucket prefix (chunks no manifest of any run names).")
+@click.option("--bucket", is_flag=True,
+              help="Ask RUN_DIR's daemon to sweep its bucket instead of its local store.")
+@click.option("--grace", type=float, help="Keep chunks younger than this many seconds "
+                                          "[remote_gc_grace, 3600].")
+@click.option("--dry-run", is_flag=True, help="Report what would go; delete nothing.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML file with the remote_* options (endpoint, credentials...).")
+def gc(run_dir: Path | None, remote_url: str | None, bucket: bool, grace: float | None,
+       dry_run: bool, config_path: Path | None) -> None:
+    """Remove unreferenced chunks: from RUN_DIR's store, or from a bucket.
+
+    `vfsd gc RUN_DIR` cleans the local store; `vfsd gc --remote s3://B/P`
+    (or `vfsd gc RUN_DIR --bucket`) marks the chunks every run's manifests
+    name and deletes the others older than the grace period.
+    """
+    if remote_url is not None:
+        _gc_bucket(remote_url, grace, dry_run, config_path)
+        return
+    if run_dir is None:
+        _fail("give RUN_DIR (local store) or --remote s3://BUCKET/PREFIX", 2)
     run = RunDir(run_dir)
+    if bucket:
+        args = {"remote": True, "dry_run": dry_run}
+        if grace is not None:
+            args["grace"] = grace
+        click.echo(json.dumps(_call(run_dir, "gc", client_timeout=3600, **args)))
+        return
     if pid_alive(run.read_pid()):
         result = _call(run_dir, "gc")
     else:
@@ -320,6 +435,38 @@ def gc(run_dir: Path) -> None:
         result = st.gc_chunks(min_temp_age_s=0)
         st.close()
     click.echo(json.dumps(result))
+
+
+def _remote_store(url_text: str, config_path: Path | None):
+    """An ObjectStore for a command-line tool (settings from --config and AWS_*)."""
+    from .logs import setup_logging
+    from .objstore import BadRemoteURL, ObjectStore, RemoteError, RemoteSettings, RemoteURL
+
+    setup_logging("warning", sys.stderr)  # stdout is the command's answer
+    try:
+        config = load_config(config_path, {})
+        url = RemoteURL.parse(url_text)
+        return ObjectStore(url, RemoteSettings.from_config(config)), config
+    except (ConfigError, BadRemoteURL) as exc:
+        _fail(str(exc), 2)
+    except RemoteError as exc:
+        _fail(str(exc))
+
+
+def _gc_bucket(url_text: str, grace: float | None, dry_run: bool,
+               config_path: Path | None) -> None:
+    from .bucketgc import GcError, sweep
+    from .objstore import RemoteError
+
+    store, config = _remote_store(url_text, config_path)
+    try:
+        report = sweep(store, grace=grace if grace is not None else config.remote_gc_grace,
+                       dry_run=dry_run)
+    except (GcError, RemoteError) as exc:
+        _fail(str(exc))
+    finally:
+        store.close()
+    click.echo(json.dumps(report.as_dict()))
 
 
 @cli.command()
@@ -449,9 +596,19 @@ def diff(run_dir: Path, a: str, b: str, as_json: bool) -> None:
 @click.argument("target", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--repair", is_flag=True, help="Fix what can be fixed.")
 @click.option("--verify", is_flag=True, help="Also read and hash every chunk.")
+@click.option("--remote", "check_remote", is_flag=True,
+              help="Look up chunks missing locally in the store's bucket (with --verify: "
+                   "download and hash them).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML file with the remote_* options, for --remote.")
 @click.option("--json", "as_json", is_flag=True)
-def fsck(target: Path, repair: bool, verify: bool, as_json: bool) -> None:
-    """Check a store (RUN_DIR or a --store directory) with no daemon on it."""
+def fsck(target: Path, repair: bool, verify: bool, check_remote: bool,
+         config_path: Path | None, as_json: bool) -> None:
+    """Check a store (RUN_DIR or a --store directory) with no daemon on it.
+
+    In a store with a remote, chunks absent locally but uploaded are
+    "remote-only", not damage; --remote checks that the bucket has them.
+    """
     from .errors import StoreLocked, StoreVersionError
     from .fsck import fsck as run_fsck
     from .fsck import lock_all
@@ -470,14 +627,28 @@ def fsck(target: Path, repair: bool, verify: bool, as_json: bool) -> None:
     except StoreLocked as exc:
         st.close()
         _fail(f"{exc}; unmount it first")
+    remote = None
+    if check_remote:
+        from . import remotestate
+
+        url = remotestate.remote_url(st) if st.db.get("upload") is not None else None
+        if url is None:
+            st.close()
+            for fd in locks:
+                os.close(fd)
+            _fail(f"{store_dir} has no remote (it was never mounted with --remote)", 2)
+        remote, _ = _remote_store(url, config_path)
     try:
         report = run_fsck(st, repair=repair, verify=verify,
-                          progress=sys.stderr.isatty() and not as_json)
-        after = run_fsck(st, verify=verify) if repair and not report.clean else report
+                          progress=sys.stderr.isatty() and not as_json, remote=remote)
+        after = run_fsck(st, verify=verify, remote=remote) \
+            if repair and not report.clean else report
     finally:
         st.close()
         for fd in locks:
             os.close(fd)
+        if remote is not None:
+            remote.close()
     doc = report.as_dict()
     doc["clean_after_repair"] = after.clean
     if as_json:
@@ -490,8 +661,10 @@ def fsck(target: Path, repair: bool, verify: bool, as_json: bool) -> None:
         for f in report.damaged_files:
             click.echo(f"damaged (content lost, reads fail with EIO): {f}")
         state = "clean" if report.clean else ("repaired" if after.clean else "NOT clean")
+        remote_only = report.stats.get("remote_only", 0)
         click.echo(f"fsck: {state} ({report.stats.get('inodes', 0)} inodes, "
-                   f"{report.stats.get('chunk_files', 0)} chunk files)")
+                   f"{report.stats.get('chunk_files', 0)} chunk files"
+                   + (f", {remote_only} remote-only chunks" if remote_only else "") + ")")
     sys.exit(0 if after.clean else 1)
 
 

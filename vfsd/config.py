@@ -51,6 +51,8 @@ class Config:
     # The object store tier (`vfsd.objstore`). Endpoint and credentials come
     # from the standard AWS chain (AWS_* environment variables, ~/.aws/config
     # and credentials) unless these name them; secrets never sit in this file.
+    #: s3://BUCKET/PREFIX: the run's chunks and published snapshots go there
+    remote_url: str | None = None
     remote_endpoint_url: str | None = None
     remote_region: str | None = None
     remote_profile: str | None = None
@@ -67,6 +69,12 @@ class Config:
     remote_readahead_chunks: int = 4
     remote_cache_bytes: int | None = None
     remote_lease_ttl: float = 30.0
+    #: seconds `vfsd mount` waits for another worker's lease to lapse (None: ttl + 5)
+    remote_lease_wait: float | None = None
+    #: a full manifest every N publications (deltas in between)
+    remote_full_every: int = 16
+    #: chunks younger than this are never deleted by `vfsd gc --remote`
+    remote_gc_grace: float = 3600.0
 
     def validate(self) -> Config:
         def positive(name: str, value, allow_none: bool = False) -> None:
@@ -124,6 +132,13 @@ class Config:
             if value is not None and (not isinstance(value, str) or not pattern.fullmatch(value)):
                 raise ConfigError(f"{name} must be {what}, got {value!r}")
 
+        if self.remote_url is not None:
+            from .objstore import BadRemoteURL, RemoteURL
+
+            try:
+                RemoteURL.parse(self.remote_url)
+            except BadRemoteURL as exc:
+                raise ConfigError(f"remote_url: {exc}") from None
         if self.remote_endpoint_url is not None:
             check_endpoint_url(self.remote_endpoint_url)
         text("remote_region", _REGION, "an AWS-style region name such as us-east-1")
@@ -150,6 +165,17 @@ class Config:
             raise ConfigError(f"remote_cache_bytes must hold at least 4 chunks "
                               f"({4 * self.chunk_size} bytes), got {self.remote_cache_bytes}")
         number("remote_lease_ttl", 5, 3600)
+        if self.remote_lease_wait is not None:
+            number("remote_lease_wait", 0, 86400)
+        integer("remote_full_every", 1, 100_000)
+        number("remote_gc_grace", 1, 365 * 86400)
+
+    @property
+    def lease_wait(self) -> float:
+        """How long a mount waits for another worker's lease to lapse."""
+        if self.remote_lease_wait is not None:
+            return float(self.remote_lease_wait)
+        return self.remote_lease_ttl + 5.0
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -13,7 +13,9 @@ digest's location never changes while it has references, so the copy in the
 reference is always right; readers need no lookup to find the bytes.
 
 The records (`content` and `blob` databases) are described in `store`; this
-module owns every change to them. Reads are verified: bytes that do not hash
+module owns every change to them. A new chunk file is also recorded as
+pending upload (`remotestate`, table `upload`) in the transaction that
+creates its record, and forgotten there when its last reference goes. Reads are verified: bytes that do not hash
 to their name are never served (`CorruptChunk`, EIO).
 """
 
@@ -25,7 +27,7 @@ from collections import Counter
 
 import xxhash
 
-from . import errors
+from . import errors, remotestate
 from .chunks import ChunkStore, chunk_hash
 
 LOC_FILE = 0
@@ -79,6 +81,11 @@ class ContentStore:
         self.chunks = chunks
         self._bump = bump  # store counter update: bump(txn, key, delta, volume=False)
         self.inline_max = inline_max
+        # Chunk files made and deleted by the transaction in progress:
+        # (digest, size) and digests, handed to `Store.on_chunk_files` once
+        # it commits (the remote tier queues uploads and bounds its cache).
+        self.created: list[tuple[bytes, int]] = []
+        self.removed: list[bytes] = []
 
     # -------------------------------------------------------------- writing
 
@@ -106,6 +113,9 @@ class ContentStore:
                 txn.put(digest, bytes(data), db=self.db["blob"])
             else:
                 self._write_file(digest, data)
+        if loc == LOC_FILE:
+            remotestate.add_pending(txn, self.db, self._bump, digest, len(data))
+            self.created.append((digest, len(data)))
         self._count_object(txn, loc, len(data), +1)
         txn.put(digest, _RECORD.pack(1, len(data), loc), db=db)
         return make_ref(digest, loc)
@@ -159,7 +169,34 @@ class ContentStore:
             txn.delete(digest, db=self.db["blob"])
             return None
         txn.put(digest, _RECORD.pack(0, size, loc), db=db)
+        remotestate.drop(txn, self.db, self._bump, digest)
         return digest
+
+    def adopt(self, txn, ref: bytes, size: int, n: int, blob: bytes | None = None) -> None:
+        """Take `n` references on an object that may exist only in the bucket
+        (a snapshot imported from a manifest).
+
+        A chunk file not present locally becomes "remote-only": its record
+        says it exists, the local cache does not have it, and it is fetched
+        on first read. A small object (LMDB location) needs its bytes, `blob`.
+        """
+        digest = ref_digest(ref)
+        loc = ref_loc(ref)
+        db = self.db["content"]
+        raw = txn.get(digest, db=db)
+        if raw is not None:
+            count, osize, oloc = _RECORD.unpack(raw)
+            if oloc != loc:
+                raise errors.Corrupt(f"content {digest.hex()} is stored at another location")
+            if count > 0:
+                txn.put(digest, _RECORD.pack(count + n, osize, loc), db=db)
+                return
+        if loc == LOC_LMDB:
+            if blob is None:
+                raise errors.Corrupt(f"inline content {digest.hex()} has no bytes to adopt")
+            txn.put(digest, blob, db=self.db["blob"])
+        self._count_object(txn, loc, size, +1)
+        txn.put(digest, _RECORD.pack(n, size, loc), db=db)
 
     def apply(self, txn, deltas: Counter) -> list[bytes]:
         """Apply net reference changes {ref: +n/-n}; chunk digests freed.
@@ -185,6 +222,7 @@ class ContentStore:
             if raw is not None and _RECORD.unpack(raw)[0] == 0:
                 self.chunks.delete(digest)
                 env_txn.delete(digest, db=db)
+                self.removed.append(digest)
 
     # -------------------------------------------------------------- reading
 

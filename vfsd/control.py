@@ -19,7 +19,10 @@ import structlog
 import trio
 
 from . import __version__, errors
+from .bucketgc import GcError, sweep
 from .inode import STATUS_BY_NAME, STATUS_NAMES, Inode
+from .objstore import RemoteError
+from .publisher import NotPublishable, SyncTimeout
 from .snapshots import SnapshotError, SnapshotNotFound
 
 log = structlog.get_logger("vfsd.control")
@@ -74,8 +77,11 @@ class ControlServer:
             "snapshot": self.op_snapshot, "snapshots": self.op_snapshots,
             "snapshot_delete": self.op_snapshot_delete, "snapshot_pin": self.op_snapshot_pin,
             "restore": self.op_restore, "diff": self.op_diff, "fork": self.op_fork,
-            "locate": self.op_locate,
+            "locate": self.op_locate, "sync": self.op_sync,
+            "publish_status": self.op_publish_status,
         }
+        # Requests that change files: refused once another worker holds the run.
+        self.mutating = {"set_step", "evict", "set_status", "pin", "unpin", "restore"}
 
     # ------------------------------------------------------------ serving
 
@@ -175,6 +181,8 @@ class ControlServer:
             return req_id, None, ("unknown_op", f"unknown op {op!r}; known: "
                                   + ", ".join(sorted(self.handlers)))
         try:
+            if op in self.mutating and not (op == "evict" and req.get("dry_run") is True):
+                self._check_writable()
             result = handler(req)
             if inspect.isawaitable(result):
                 result = await result
@@ -183,6 +191,14 @@ class ControlServer:
             return req_id, None, (exc.code, exc.message)
         except SnapshotNotFound as exc:
             return req_id, None, ("not_found", str(exc))
+        except SyncTimeout as exc:
+            return req_id, None, ("timeout", str(exc))
+        except NotPublishable as exc:
+            return req_id, None, ("not_publishable", str(exc))
+        except GcError as exc:
+            return req_id, None, ("gc_failed", str(exc))
+        except RemoteError as exc:
+            return req_id, None, ("remote_error", str(exc))
         except SnapshotError as exc:
             return req_id, None, ("bad_request", str(exc))
         except errors.NotFound as exc:
@@ -205,6 +221,18 @@ class ControlServer:
         await stream.send_all(self._encode(req_id, result=result, error=error))
 
     # -------------------------------------------------------------- helpers
+
+    def _check_writable(self) -> None:
+        remote = self.daemon.remote
+        if remote is not None and not remote.writable():
+            raise RequestError("read_only", f"this mount is read-only: {remote.reason}")
+
+    def _remote(self):
+        remote = self.daemon.remote
+        if remote is None:
+            raise RequestError("no_remote", "this run dir has no remote tier (mount it with "
+                                            "--remote s3://BUCKET/PREFIX)")
+        return remote
 
     def _inode_for(self, req: dict) -> Inode:
         if "path" in req:
@@ -311,8 +339,28 @@ class ControlServer:
             raise RequestError("bad_request", "'limit' must be >= 0")
         return {"records": self.store.eviction_log(limit)}
 
-    def op_gc(self, req: dict) -> dict:
-        return self.store.gc_chunks()
+    async def op_gc(self, req: dict) -> dict:
+        if not _arg(req, "remote", bool, False):
+            return self.store.gc_chunks()
+        remote = self._remote()
+        grace = _arg(req, "grace", (int, float), self.daemon.config.remote_gc_grace)
+        if isinstance(grace, bool) or not 1 <= grace <= 365 * 86400:
+            raise RequestError("bad_request", "'grace' must be 1 to 31536000 seconds")
+        dry_run = _arg(req, "dry_run", bool, False)
+        report = await trio.to_thread.run_sync(
+            lambda: sweep(remote.objstore, grace=float(grace), dry_run=dry_run))
+        return report.as_dict()
+
+    async def op_sync(self, req: dict) -> dict:
+        remote = self._remote()
+        timeout = _arg(req, "timeout", (int, float), 60.0)
+        if isinstance(timeout, bool) or not 0 < timeout <= 86400:
+            raise RequestError("bad_request", "'timeout' must be 0 to 86400 seconds")
+        ident = self._snapshot_id(req) if "snapshot" in req else None
+        return await remote.sync(ident, float(timeout))
+
+    def op_publish_status(self, req: dict) -> dict:
+        return self._remote().publish_status()
 
     # ----------------------------------------------------------- snapshots
 

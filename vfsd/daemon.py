@@ -1,7 +1,8 @@
 """The daemon process: open the store, mount, serve FUSE and control requests.
 
-One trio nursery owns every task: the FUSE loop, the control server and the
-signal watcher. Shutdown is cancellation: unmounting (by `vfsd umount`,
+One trio nursery owns every task: the FUSE loop, the control server, the
+signal watcher, and for a remote store the remote tier's tasks (uploads,
+fetches, cache, publishing, the lease). Shutdown is cancellation: unmounting (by `vfsd umount`,
 `fusermount3 -u` or SIGTERM) ends the FUSE loop, and the nursery is cancelled.
 """
 
@@ -19,7 +20,7 @@ import pyfuse3
 import structlog
 import trio
 
-from . import __version__, ctldir, notify
+from . import __version__, ctldir, notify, remotestate
 from .config import Config
 from .errors import StoreLocked, StoreVersionError
 from .eviction import Evictor
@@ -27,7 +28,9 @@ from .fs import VfsdOperations
 from .lmdbcheck import check_readable
 from .logs import setup_logging
 from .metrics import start_metrics_server
+from .objstore import RemoteURL
 from .openfiles import OpenFiles
+from .remotetier import RemoteStartupError, RemoteTier
 from .rundir import RunDir, lock_volume, mount_state
 from .snapservice import SnapshotService
 from .snapshots import Snapshots
@@ -44,11 +47,14 @@ class StartupError(Exception):
 class Daemon:
     """Everything one mounted run dir needs, wired together."""
 
-    def __init__(self, run: RunDir, config: Config, store_dir: Path, volume: str) -> None:
+    def __init__(self, run: RunDir, config: Config, store_dir: Path, volume: str,
+                 resume_from: str | None = None) -> None:
         self.run = run
         self.config = config
         self.store_dir = store_dir
         self.volume = volume
+        self.resume_from = resume_from
+        self.remote: RemoteTier | None = None
         self.store: Store | None = None
         self.ops: VfsdOperations | None = None
         self.evictor: Evictor | None = None
@@ -94,6 +100,16 @@ class Daemon:
             damage = check_readable(self.store_dir)
             if damage is not None:
                 raise StartupError(f"{damage}; run `vfsd fsck {self.store_dir}` for a report")
+        if self.resume_from is not None and self.config.remote_url is None:
+            raise StartupError("--from needs --remote s3://BUCKET/PREFIX (or remote_url in "
+                               "the config): where the run was published")
+        try:
+            if self.config.remote_url is not None:
+                self.remote = RemoteTier(RemoteURL.parse(self.config.remote_url), self.config)
+                if self.resume_from is not None:
+                    self.remote.resume(self.store_dir, self.volume, self.resume_from)
+        except RemoteStartupError as exc:
+            raise StartupError(str(exc)) from None
         try:
             self.store = Store(self.store_dir, self.volume, chunk_size=self.config.chunk_size,
                                inline_max=self.config.inline_max)
@@ -118,6 +134,7 @@ class Daemon:
                                    keep_steps=self.config.snapshot_keep_steps)
         self.snapservice = SnapshotService(self, self.snapshots)
         self.ops.snapview = SnapshotView(self.snapshots, self.ops)
+        self._prepare_remote()
         self.evictor.after_step = self.snapservice.apply_retention
         self.ops.ctl.renderers = {
             ctldir.FILES[b"status.json"]: self._render_status,
@@ -126,6 +143,24 @@ class Daemon:
         self.ops.quota = self.evictor.reserve
         self.ops.reserve_file = self.evictor.reserve_file
         self.metrics = start_metrics_server(self, self.config.metrics_port)
+
+    def _prepare_remote(self) -> None:
+        """A store with a remote (given now or recorded earlier) gets its remote tier."""
+        if self.remote is None:
+            url = remotestate.remote_url(self.store)
+            if url is None:
+                return
+            try:
+                self.remote = RemoteTier(RemoteURL.parse(url), self.config)
+            except RemoteStartupError as exc:
+                raise StartupError(str(exc)) from None
+        try:
+            self.remote.attach(self.store, self.snapshots)
+        except RemoteStartupError as exc:
+            raise StartupError(str(exc)) from None
+        self.ops.remote = self.remote
+        log.info("remote_tier", remote=str(self.remote.url), run=self.remote.run_id,
+                 state=self.remote.state, reason=self.remote.reason or None)
 
     def _render_status(self) -> bytes:
         from .status import live_status
@@ -150,6 +185,8 @@ class Daemon:
         control = ControlServer(self)
         async with trio.open_nursery() as nursery:
             await nursery.start(control.serve)
+            if self.remote is not None:
+                await self.remote.start(nursery)
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             nursery.start_soon(self._fuse_main, nursery.cancel_scope)
             nursery.start_soon(self.ops.run_invalidator)
@@ -195,8 +232,11 @@ class Daemon:
         if self.ops is not None:
             self.ops.forget_all()
         if self.store is not None:
+            self.store.on_chunk_files = None
             self.store.sync()
             self.store.close()
+        if self.remote is not None:
+            self.remote.close()
         for path in (self.run.sock, self.run.pidfile):
             try:
                 path.unlink()
@@ -205,7 +245,8 @@ class Daemon:
 
 
 def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
-               ready_fd: int | None = None, log_to_stderr: bool = False) -> int:
+               ready_fd: int | None = None, log_to_stderr: bool = False,
+               resume_from: str | None = None) -> int:
     """Run until unmounted. Reports readiness (or the startup error) on `ready_fd`."""
 
     def report(msg: str) -> None:
@@ -222,12 +263,14 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     run.state.mkdir(parents=True, exist_ok=True, mode=0o700)
     stream = sys.stderr if log_to_stderr else open(run.log, "a", buffering=1)
     setup_logging(config.log_level, stream)
-    daemon = Daemon(run, config, store_dir, volume)
+    daemon = Daemon(run, config, store_dir, volume, resume_from=resume_from)
     try:
         daemon.prepare()
     except StartupError as exc:
         log.error("startup_failed", error=str(exc))
         report(f"ERROR {exc}")
+        if daemon.remote is not None:
+            daemon.remote.close()  # a lease taken on the way is given back
         return 1
     run.pidfile.write_text(str(os.getpid()))
     try:

@@ -55,6 +55,12 @@ class CorruptChunk(Corrupt):
     """Content (a chunk file or an inline blob) is missing or does not match its name."""
 
 
+class Unavailable(StoreError):
+    """Content that lives in the object store could not be fetched in time (EIO)."""
+
+    errno = errno.EIO
+
+
 class TooBig(StoreError):
     """A size or offset past what the store accepts."""
 

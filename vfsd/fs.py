@@ -64,7 +64,9 @@ def _guard(fn: Callable) -> Callable:
                 raise
             except errors.StoreError as exc:
                 if not _disk_full(exc):
-                    if isinstance(exc, errors.Corrupt):
+                    if isinstance(exc, errors.Unavailable):
+                        pass  # the remote tier logged it; a reader gets EIO
+                    elif isinstance(exc, errors.Corrupt):
                         log.error("store_damaged", op=fn.__name__, error=str(exc))
                     elif exc.errno == errno.EIO:
                         log.error("store_error", op=fn.__name__, error=str(exc))
@@ -149,6 +151,10 @@ class VfsdOperations(pyfuse3.Operations):
         self.ctl = ctldir.ControlDir()
         # `.vfsd/snapshots/`: retained snapshots, read-only (set by the daemon).
         self.snapview: snapview.SnapshotView | None = None
+        # The remote tier (`remotetier.RemoteTier`), set by the daemon for a
+        # remote store: chunks missing locally are fetched through it, and it
+        # says whether this worker may write (EROFS once another holds the run).
+        self.remote = None
         # Attribute invalidations go through a worker thread (see run_invalidator):
         # the kernel call may block, and a handler must never block the loop.
         self._inval_send, self._inval_recv = trio.open_memory_channel(math.inf)
@@ -171,8 +177,14 @@ class VfsdOperations(pyfuse3.Operations):
 
     def _new_name(self, parent: int, name: bytes) -> None:
         """Refuse to make a real entry that `.vfsd/` would hide."""
+        self._check_writable()
         if parent == self.root and name == ctldir.NAME:
             raise pyfuse3.FUSEError(errno.EEXIST)
+
+    def _check_writable(self) -> None:
+        """EROFS once this worker lost its run to another (remote tier)."""
+        if self.remote is not None and not self.remote.writable():
+            raise pyfuse3.FUSEError(errno.EROFS)
 
     def _mirror_lookup(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
         """Lookup below `.vfsd/attr/`: directories and regular files of the tree."""
@@ -340,6 +352,7 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def setattr(self, inode, attr, fields, fh, ctx):
         ino = self._ino(inode)
+        self._check_writable()
         of = self.files.get(ino)
         if fields.update_size:
             if attr.st_size > MAX_FILE_SIZE or attr.st_size < 0:
@@ -351,6 +364,8 @@ class VfsdOperations(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EINVAL)
                 if self.quota is not None and attr.st_size > of.inode.size:
                     self.quota(attr.st_size - of.inode.size, ino)
+                if self.remote is not None:
+                    await self._load_for_change(of, attr.st_size, None)
                 self.files.truncate(of, attr.st_size)
             finally:
                 if temp:
@@ -427,6 +442,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def unlink(self, parent_inode, name, ctx):
+        self._check_writable()
         self.counters.unlinks += 1
         child = self.store.unlink(self._ino(parent_inode), name)
         self.files.names_changed(child)
@@ -435,6 +451,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def rmdir(self, parent_inode, name, ctx):
+        self._check_writable()
         child = self.store.unlink(self._ino(parent_inode), name, rmdir=True)
         self._maybe_free(child.ino)
 
@@ -480,6 +497,8 @@ class VfsdOperations(pyfuse3.Operations):
                                         keep_cache=False)
             return pyfuse3.FileInfo(fh=self.ctl.open(inode), direct_io=True, keep_cache=False)
         ino = self._ino(inode)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            self._check_writable()
         of = self.files.acquire(ino)
         if not of.inode.is_reg:
             self.files.release(of)
@@ -511,6 +530,8 @@ class VfsdOperations(pyfuse3.Operations):
         if of is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         missing = self.files.uncached_chunks(of, off, size)
+        if self.remote is not None:
+            self.remote.on_read(of.inode.ino, of.blocks, off, size)
         if missing:
             await self._load_chunks(missing, self.files.next_chunk(of, off, size))
             of = self.files.get(fh)  # released while we waited: nothing to read
@@ -536,7 +557,10 @@ class VfsdOperations(pyfuse3.Operations):
                 continue
             done = self._loading[digest] = trio.Event()
             try:
-                data = await trio.to_thread.run_sync(self._read_chunk, digest, prefetch)
+                if self.remote is not None:
+                    data = await self.remote.load_chunk(digest)  # local or fetched, verified
+                else:
+                    data = await trio.to_thread.run_sync(self._read_chunk, digest, prefetch)
                 chunks.insert(digest, data)
             finally:
                 del self._loading[digest]
@@ -549,14 +573,27 @@ class VfsdOperations(pyfuse3.Operations):
             self.store.chunks.prefetch(prefetch)
         return self.store.chunks.read_all(digest)
 
+    async def _load_for_change(self, of, off: int, length: int | None) -> None:
+        """Bring into memory the committed chunks a write (or a truncate to `off`,
+        `length` None) reads back, when they may be only in the object store."""
+        need = self.files.chunks_to_rewrite(of, off, length)
+        if need:
+            await self._load_chunks(need, None)
+
     @_guard
     async def write(self, fh, off, buf):
+        self._check_writable()
         of = self.files.get(fh)
         if of is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         end = off + len(buf)
         if end > MAX_FILE_SIZE:
             raise pyfuse3.FUSEError(errno.EFBIG)
+        if self.remote is not None:
+            await self._load_for_change(of, off, len(buf))
+            of = self.files.get(fh)
+            if of is None:
+                raise pyfuse3.FUSEError(errno.EBADF)
         try:
             if self.quota is not None and end > of.inode.size:
                 self.quota(end - of.inode.size, of.inode.ino)
@@ -758,6 +795,7 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def setxattr(self, inode, name, value, ctx):
         ino = self._ino(inode)
+        self._check_writable()
         if name.startswith(XATTR_PREFIX):
             self._set_vfsd_xattr(ino, name, value)
             return
@@ -807,6 +845,7 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def removexattr(self, inode, name, ctx):
+        self._check_writable()
         if name.startswith(XATTR_PREFIX):
             raise pyfuse3.FUSEError(errno.EPERM)
         if not self.store.remove_xattr(self._ino(inode), name):

@@ -15,6 +15,13 @@ without a record. Snapshots: entries decode, `sgen` lists exactly the
 entries, each older entry is needed by a retained snapshot, and each
 unchanged object's newest entry equals the live object.
 
+Remote stores (`remotestate`): a referenced chunk file may be absent locally
+when it is in the bucket ("remote-only", counted, not a problem); it is damage
+if it is still pending upload (the only copy is gone). With `remote` (an
+`ObjectStore` on the store's bucket), remote-only chunks are looked up in the
+bucket (and, with `verify`, downloaded and hashed). The `upload` table must
+name only referenced chunk files, and its counters must match it.
+
 Repaired (`repair=True`): orphans freed, stray chunk files and temporaries
 deleted, refcounts, indexes, counters and the `sgen` list rewritten, entries
 no snapshot needs dropped, changed-but-unmarked objects marked, dangling
@@ -32,7 +39,7 @@ from dataclasses import dataclass, field
 import xxhash
 from tqdm import tqdm
 
-from . import errors
+from . import errors, remotestate
 from .chunks import chunk_hash
 from .content import LOC_FILE, LOC_LMDB, pack_record, unpack_record
 from .inode import Inode
@@ -88,10 +95,11 @@ def readable(store_dir) -> FsckReport | None:
 
 
 def fsck(store: Store, *, repair: bool = False, verify: bool = False,
-         progress: bool = False) -> FsckReport:
+         progress: bool = False, remote=None) -> FsckReport:
     rep = FsckReport()
     try:
-        return _fsck(store, rep, repair=repair, verify=verify, progress=progress)
+        return _fsck(store, rep, repair=repair, verify=verify, progress=progress,
+                     remote=remote)
     except errors.StoreError as exc:
         rep.problem(f"the store could not be read to the end: {exc}")
         return rep
@@ -113,7 +121,7 @@ class _Volume:
 
 
 def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
-          progress: bool) -> FsckReport:
+          progress: bool, remote=None) -> FsckReport:
     db = store.db
     vols = {name: _Volume(name, vol) for name, vol in volumes(store).items()}
     by_id = {v.vol: v for v in vols.values()}
@@ -145,7 +153,9 @@ def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
             volume.blocks[ino][_U64.unpack(k[12:])[0]] = bytes(v)
         for volume in vols.values():
             snap_fixes += _check_snapshots(store, txn, volume, rep, refs_found)
-        damaged = _check_content(store, txn, rep, refs_found, verify, progress)
+        damaged, remote_only = _check_content(store, txn, rep, refs_found, verify, progress,
+                                              remote)
+        upload_fix = _check_upload(store, txn, rep)
         if damaged:
             for volume in vols.values():
                 for ino, blocks in volume.blocks.items():
@@ -157,11 +167,59 @@ def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
         index_fix, counter_fix = _check_indexes(store, txn, vols, rep)
         rep.stats = {"inodes": sum(len(v.inodes) for v in vols.values()),
                      "content_referenced": len(refs_found),
-                     "chunk_files": len(set(store.chunks.iter_all())), "volumes": len(vols)}
+                     "chunk_files": len(set(store.chunks.iter_all())), "volumes": len(vols),
+                     "remote_only": remote_only}
     if not repair or rep.clean:
         return rep
     _repair(store, vols, rep, refs_found, index_fix, counter_fix, snap_fixes)
+    if upload_fix:
+        _repair_upload(store, rep)
     return rep
+
+
+def _check_upload(store: Store, txn, rep: FsckReport) -> bool:
+    """The `upload` table names only referenced chunk files; its counters add up."""
+    db = store.db
+    if db.get("upload") is None:
+        return False
+    bad = False
+    want = {remotestate.PENDING: [0, 0], remotestate.UPLOADED: [0, 0]}
+    for k, v in txn.cursor(db=db["upload"]):
+        state, size, _ = remotestate._unpack(v)
+        raw = txn.get(bytes(k), db=db["content"])
+        if raw is None or unpack_record(raw)[0] == 0 or unpack_record(raw)[2] != LOC_FILE:
+            rep.problem(f"pending upload {bytes(k).hex()}: no referenced chunk file")
+            bad = True
+            continue
+        if state in want:
+            want[state][0] += 1
+            want[state][1] += size
+    for state, (n_key, bytes_key) in remotestate._COUNTERS.items():
+        for key, value in ((n_key, want[state][0]), (bytes_key, want[state][1])):
+            have = _get_u64(txn, db["meta"], key)
+            if have != value:
+                rep.problem(f"counter {key.decode()} is {have}, want {value}")
+                bad = True
+    return bad
+
+
+def _repair_upload(store: Store, rep: FsckReport) -> None:
+    db = store.db
+    with store.txn(write=True) as txn:
+        for k in [bytes(k) for k in txn.cursor(db=db["upload"]).iternext(values=False)]:
+            raw = txn.get(k, db=db["content"])
+            if raw is None or unpack_record(raw)[0] == 0 or unpack_record(raw)[2] != LOC_FILE:
+                txn.delete(k, db=db["upload"])
+        totals = {key: 0 for pair in remotestate._COUNTERS.values() for key in pair}
+        for _, v in txn.cursor(db=db["upload"]):
+            state, size, _ = remotestate._unpack(v)
+            if state in remotestate._COUNTERS:
+                n_key, bytes_key = remotestate._COUNTERS[state]
+                totals[n_key] += 1
+                totals[bytes_key] += size
+        for key, value in totals.items():
+            txn.put(key, _U64.pack(value), db=db["meta"])
+    rep.repaired.append("pending-upload table and its counters rewritten")
 
 
 def _check_names(txn, db, volume: _Volume, rep: FsckReport) -> None:
@@ -315,12 +373,16 @@ def _check_snapshots(store: Store, txn, volume: _Volume, rep: FsckReport,
 
 
 def _check_content(store: Store, txn, rep: FsckReport, refs_found: Counter, verify: bool,
-                   progress: bool) -> set[bytes]:
-    """Refcounts and presence of content objects; digests of damaged ones."""
+                   progress: bool, remote=None) -> tuple[set[bytes], int]:
+    """Refcounts and presence of content objects; (digests of damaged ones,
+    chunks present only in the bucket)."""
     db = store.db
     records = {bytes(k): unpack_record(v) for k, v in txn.cursor(db=db["content"])}
     damaged = set()
     on_disk = set(store.chunks.iter_all())
+    remote_url = remotestate.remote_url(store) if db.get("upload") is not None else None
+    in_bucket = _bucket_chunks(remote) if remote is not None else None
+    remote_only = 0
     by_digest: Counter = Counter()
     for ref, n in refs_found.items():
         by_digest[ref[:16]] += n
@@ -340,8 +402,21 @@ def _check_content(store: Store, txn, rep: FsckReport, refs_found: Counter, veri
                 rep.problem(f"inline content {digest.hex()}: bytes do not match their hash")
                 damaged.add(digest)
         elif digest not in on_disk:
-            rep.problem(f"chunk {digest.hex()}: file missing")
-            damaged.add(digest)
+            pending = remotestate.entry(txn, db, digest) if remote_url else None
+            if remote_url is None:
+                rep.problem(f"chunk {digest.hex()}: file missing")
+                damaged.add(digest)
+            elif pending is not None and pending[0] == remotestate.PENDING:
+                rep.problem(f"chunk {digest.hex()}: missing locally before it was uploaded")
+                damaged.add(digest)
+            elif in_bucket is not None and digest not in in_bucket:
+                rep.problem(f"chunk {digest.hex()}: missing locally and in {remote.url}")
+                damaged.add(digest)
+            else:
+                remote_only += 1
+                if verify and remote is not None and not _remote_chunk_ok(remote, digest):
+                    rep.problem(f"chunk {digest.hex()} in {remote.url} does not match its hash")
+                    damaged.add(digest)
         elif verify:
             data = store.chunks.path(digest).read_bytes()
             if chunk_hash(data) != digest:
@@ -373,7 +448,28 @@ def _check_content(store: Store, txn, rep: FsckReport, refs_found: Counter, veri
         have = _get_u64(txn, db["meta"], key.encode())
         if have != want:
             rep.problem(f"counter {key} is {have}, want {want}")
-    return damaged
+    return damaged, remote_only
+
+
+def _bucket_chunks(remote) -> set[bytes]:
+    from .remote import CHUNKS_DIR, digest_of_chunk_key
+
+    out = set()
+    for info in remote.list(CHUNKS_DIR + "/"):
+        digest = digest_of_chunk_key(info.key)
+        if digest is not None:
+            out.add(digest)
+    return out
+
+
+def _remote_chunk_ok(remote, digest: bytes) -> bool:
+    from .remote import chunk_key
+
+    try:
+        data = remote.get(chunk_key(digest), max_bytes=64 << 20).data
+    except Exception:  # noqa: BLE001 - unreadable counts as damaged
+        return False
+    return chunk_hash(data) == digest
 
 
 def _check_indexes(store: Store, txn, vols: dict[str, _Volume], rep: FsckReport):

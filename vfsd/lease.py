@@ -110,12 +110,16 @@ class Lease:
     def __init__(self, store: ObjectStore, run_id: str, *, ttl: float = 30.0,
                  renew_every: float | None = None, margin: float | None = None,
                  owner: Owner | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 key: str | None = None, extra: dict | None = None) -> None:
         if ttl < 1:
             raise ValueError("a lease ttl under one second cannot work with HTTP dates")
         self.store = store
         self.run_id = check_run_id(run_id)
-        self.key = lease_key(run_id)
+        # `key`: a lease that is not a run's (the GC's); `extra`: fields its
+        # holder adds to the body (the GC's grace period).
+        self.key = key or lease_key(run_id)
+        self.extra = dict(extra or {})
         self.ttl = float(ttl)
         self.margin = float(margin if margin is not None else max(1.0, self.ttl / 10))
         if not 0 < self.margin < self.ttl / 2:
@@ -134,6 +138,9 @@ class Lease:
         self._renewed_mono = 0.0
         self._held = False
         self._lost_reason: str | None = None
+        #: True once the lease is known to be another owner's (taken over,
+        #: removed or replaced), not merely lapsed while the store was unreachable
+        self.taken_over = False
 
     # ---------------------------------------------------------------- state
 
@@ -184,6 +191,7 @@ class Lease:
         self._seq += 1
         now = self._wall()
         return json.dumps({
+            **self.extra,
             "vfsd_lease": LEASE_FORMAT,
             "run": self.run_id,
             "owner": asdict(self.owner),
@@ -356,6 +364,7 @@ class Lease:
         with self._lock:
             if self._lost_reason is None:
                 self._lost_reason = reason
+                self.taken_over = True
 
     # ------------------------------------------------------------ trio task
 

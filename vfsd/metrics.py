@@ -91,6 +91,48 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily(
             "vfsd_open_files", "Files with open handles.", value=len(d.ops.files.files)
         )
+        yield from self._remote_metrics()
+
+    def _remote_metrics(self) -> Iterator:
+        remote = getattr(self.daemon, "remote", None)
+        if remote is None:
+            return
+        from . import remotestate
+
+        with self._store_lock:
+            if self._closed:
+                return
+            try:
+                counts = remotestate.counts(self.daemon.store)
+            except Exception as exc:  # a scrape must never take the daemon down
+                log.warning("metrics_store_unreadable", error=str(exc))
+                return
+        yield GaugeMetricFamily("vfsd_remote_backlog_chunks", "Chunks waiting for upload.",
+                                value=counts["upload_chunks"])
+        yield GaugeMetricFamily("vfsd_remote_backlog_bytes", "Bytes waiting for upload.",
+                                value=counts["upload_bytes"])
+        yield GaugeMetricFamily("vfsd_remote_unpublished_chunks",
+                                "Uploaded chunks no published manifest names yet.",
+                                value=counts["unpublished_chunks"])
+        yield GaugeMetricFamily("vfsd_remote_lease_held", "1 while this worker writes the run.",
+                                value=int(remote.state == "held"))
+        yield GaugeMetricFamily("vfsd_remote_read_only",
+                                "1 once another worker holds the run (writes fail).",
+                                value=int(remote.state == "lost"))
+        pub = remote.publisher
+        yield GaugeMetricFamily("vfsd_remote_published_seq",
+                                "Newest published snapshot (its seq).",
+                                value=max(pub.published, default=0) if pub else 0)
+        if remote.uploader is not None:
+            for key in ("uploaded", "existed", "failed", "sent_bytes"):
+                yield CounterMetricFamily(f"vfsd_remote_upload_{key}",
+                                          f"Chunk uploads: {key.replace('_', ' ')}.",
+                                          value=remote.uploader.stats[key])
+        if remote.fetcher is not None:
+            for key in ("downloads", "downloaded_bytes", "timeouts", "errors"):
+                yield CounterMetricFamily(f"vfsd_remote_fetch_{key}",
+                                          f"Chunk fetches: {key.replace('_', ' ')}.",
+                                          value=remote.fetcher.stats[key])
 
     def _store_metrics(self) -> Iterator:
         with self._store_lock:

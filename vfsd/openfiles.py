@@ -134,6 +134,33 @@ class OpenFiles:
                 out.append(ref_digest(ref))
         return out
 
+    def chunks_to_rewrite(self, of: OpenFile, off: int, length: int | None) -> list[bytes]:
+        """Chunk files not in memory that a write of `length` bytes at `off` (or,
+        with `length` None, a truncate to `off`) reads back: partly overwritten
+        committed blocks, and the short last block a growing file stores again."""
+        cs = self.cs
+        idxs = set()
+        if length is None:
+            if off < of.inode.size and off % cs:
+                idxs.add(off // cs)  # the new last block keeps its head
+            new_size = off
+        else:
+            end = off + length
+            for idx in {off // cs, (end - 1) // cs} if length else ():
+                if not (idx * cs >= off and idx * cs + cs <= end):
+                    idxs.add(idx)  # not wholly overwritten
+            new_size = max(of.inode.size, end)
+        old = of.committed_size
+        if old % cs and new_size > old:
+            idxs.add(old // cs)
+        out = []
+        for idx in sorted(idxs):
+            ref = of.blocks.get(idx)
+            if ref and idx not in of.dirty and ref_loc(ref) == LOC_FILE \
+                    and not self.store.content.is_cached(ref):
+                out.append(ref_digest(ref))
+        return out
+
     def next_chunk(self, of: OpenFile, off: int, size: int) -> bytes | None:
         """The chunk file after this range, worth prefetching for a sequential reader."""
         ref = of.blocks.get(-(-(off + size) // self.cs))

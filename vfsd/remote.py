@@ -1,17 +1,16 @@
 """The bucket layout of the remote tier: the one place it is documented.
 
-DRAFT: chunks, runs and the lease are settled; manifests and run pointers wait
-for the snapshot format (vfsd/snapshots.py) and are placeholders below.
-
 Everything lives under the prefix of `s3://BUCKET/PREFIX` (`objstore.RemoteURL`);
 keys below are relative to it. Several workers, and several runs, share one
 prefix: that is where dedup across workers pays.
 
 ```
-chunks/<hh>/<hex>             one chunk, immutable, content-addressed
-runs/<run_id>/lease           the run's writer lease, mutable (CAS on ETag)
-runs/<run_id>/manifests/...   PLACEHOLDER: published snapshots, immutable
-runs/<run_id>/head            PLACEHOLDER: pointer to the latest published snapshot
+chunks/<hh>/<hex>                    one chunk, immutable, content-addressed
+runs/<run>/lease                     the run's writer lease, mutable (CAS on ETag)
+runs/<run>/head                      the run's published snapshots, mutable (CAS on ETag)
+runs/<run>/snapshots/<seq>           one published snapshot (a manifest), immutable
+runs/<run>/intents/<seq>-<gen>       chunks a publication in progress relies on
+gc/lease                             held while a GC sweep may delete chunks
 ```
 
 `chunks/<hh>/<hex>`
@@ -23,18 +22,12 @@ runs/<run_id>/head            PLACEHOLDER: pointer to the latest published snaps
     complete and never rewritten: an interrupted PUT leaves nothing visible,
     and a second writer of the same bytes learns they are already there. A
     reader verifies the bytes against the name before using them
-    (`vfsd.fetcher`). Never deleted except by GC (below).
-    The `hh` level is not for S3, which does not care, but for humans and
-    for listing a slice of the chunks (GC can sweep `chunks/00/` to `ff/` in
-    parallel).
-    Every content object (`vfsd.content`) is named the same way, whether it
-    lives locally as a chunk file or as a small blob in LMDB: the uploader
-    reads it through a callback and does not care where. Whether small
-    objects travel one per object here or packed into manifests is for the
-    manifest format to decide (tens of thousands of 2 KB objects cost a PUT
-    each).
+    (`vfsd.fetcher`). Deleted only by GC (below). Only chunk files travel
+    here; small content objects (LMDB blobs, at most `inline_max` bytes)
+    travel packed inside manifests, so ten thousand 2 KB files cost no
+    ten thousand PUTs.
 
-`runs/<run_id>/lease`
+`runs/<run>/lease`
     One writer per run (`vfsd.lease`). A small JSON object:
     `{"vfsd_lease": 1, "run", "owner": {"host", "pid", "token"}, "generation",
     "ttl", "acquired_at", "renewed_at", "expires_at", "released", "seq"}`.
@@ -45,29 +38,143 @@ runs/<run_id>/head            PLACEHOLDER: pointer to the latest published snaps
     the lease is expired when the server's Date is more than `ttl` + 1 s past
     the object's Last-Modified. `expires_at` and the other times are the
     holder's wall clock, for humans only. A released lease (`"released":
-    true`, written by a clean shutdown) can be taken at once.
+    true`, written by a clean shutdown) can be taken at once. A daemon keeps
+    its owner token in its store, so a daemon restarted after a crash takes
+    its own lease back at once instead of waiting for it to expire.
 
-`<run_id>` is the volume's run id as the store keeps it (32 hex digits; see
+`runs/<run>/head`
+    The run's index of published snapshots, JSON (`vfsd.publisher.Head`):
+    `{"vfsd_head": 1, "run", "generation", "latest", "writer": {"host", "pid"},
+    "updated_ns", "snapshots": [{"seq", "parent", "full", "step",
+    "created_ns", "pinned", "entries", "bytes", "generation"}]}`, oldest
+    first. `latest` is the newest published seq (0: none yet). Created with
+    `If-None-Match: *` and rewritten only with `If-Match: <ETag>`, each time
+    with the writer's lease `generation`. A worker that takes the lease first
+    rewrites the head with its new generation (the fence): from then on a
+    stale writer (one that lost its lease without knowing it yet) fails its
+    CAS instead of overwriting its successor's head. A worker that finds a
+    head written by another generation than the one it last wrote with knows
+    the run moved on elsewhere and stops writing (read-only mount). A
+    snapshot is *published* once the head lists it.
+
+`runs/<run>/snapshots/<seq>` (seq in decimal, no leading zeros; the snapshot id is "s<seq>")
+    A manifest: one snapshot, immutable, written with `If-None-Match: *`
+    only after every chunk it names is in the bucket (see "Publishing"). Its
+    format, little to parse and versioned (`vfsd.manifest`):
+
+        offset  size  field
+        0       8     magic b"VFSDMNF\\0"
+        8       2     format version, u16 (1)
+        10      1     kind: 0 full, 1 delta
+        11      1     flags: bit 0 pinned
+        12      8     seq, u64
+        20      8     parent seq, u64 (0 for a full manifest)
+        28      8     agent step, u64
+        36      8     created_ns, u64 (writer's wall clock)
+        44      8     generation of the writer's lease, u64
+        52      4     chunk_size, u32 (block indexes mean nothing without it)
+        56      4     entry count, u32
+        60      4     blob count, u32
+        64      8     body length in bytes (compressed), u64
+        72      8     body length uncompressed, u64
+        80      1     run id length n, then n bytes of run id (ascii)
+        81+n    2     label length m, u16, then m bytes of label (utf-8)
+        ...           body: zlib of
+                        entries, sorted by object key:  okey len u16, okey,
+                                                         value len u32, value
+                        blobs, sorted by digest:         digest 16, len u32, bytes
+        end-16  16    xxh3-128 of every byte before it
+
+    Integers are big-endian. Entries are the snapshot format's own
+    (`vfsd.snapshots`): `okey` is b"i" + ino u64 (value: an inode entry with
+    its block references, 17 bytes each: digest + location) or b"d" +
+    parent u64 + len u8 + name (value: child ino u64). A *full* manifest
+    holds every object visible at the snapshot; a *delta* holds, for every
+    object that changed since its parent (another published snapshot of the
+    same run), the object's value at this snapshot, an empty value meaning
+    "gone". State(seq) = state(parent) overlaid with the delta, down to a
+    full manifest. The blobs are the small content objects (LMDB location)
+    that the manifest's entries name, verified by their own digest on
+    import. Chunks (file location) are named by the entries and fetched
+    from `chunks/` lazily.
+    Writers publish a full manifest every `remote_full_every` publications,
+    and whenever the delta would hold more than half as many entries as the
+    last full manifest of its chain, so a chain stays short: resuming
+    downloads at most `remote_full_every` manifests.
+
+`runs/<run>/intents/<seq>-<generation>`
+    Written by a publication in progress before it checks for a GC sweep
+    (see GC): the concatenated 16-byte digests of the chunks its manifest
+    will name that no earlier manifest of its chain names. Deleted once the
+    head lists the snapshot. GC honours intents younger than
+    `INTENT_MAX_AGE` and deletes older ones (left by crashed writers); a
+    writer whose publication takes longer than half of it writes a new
+    intent and checks again.
+
+`gc/lease`
+    A lease object like a run's (`vfsd.lease`, same format), held by a GC
+    sweep for as long as it may delete chunks, plus `"grace"` (this sweep's
+    grace period, seconds) and `"grace_floor"` (the shortest grace any sweep
+    has used on this prefix, never raised). Released at the end of a sweep,
+    so it normally exists, released.
+
+Publishing a snapshot (`vfsd.publisher`), by the run's lease holder:
+    1. Build the manifest from the local snapshot (in a worker thread).
+    2. Wait until every chunk named by the entries that changed since the
+       parent is uploaded (`Uploader.ensure_uploaded`; an outage makes it
+       wait, nothing fails).
+    3. PUT the intent (those chunks' digests).
+    4. Read `gc/lease`. While a sweep holds it (not released, not expired on
+       the server's clock), wait; once free, note the time `b`.
+    5. Confirm each of those chunks after `b`: one this worker created
+       (PUT with `If-None-Match`) less than `grace_floor / 2` before `b` is
+       confirmed by its age; any other is HEADed now, and uploaded again
+       from the local copy if missing (a chunk stays local until a published
+       manifest names it: the pending-upload table keeps it out of the
+       local cache's eviction).
+    6. PUT the manifest (`If-None-Match: *`); 7. CAS the head (generation,
+       `If-Match`); 8. delete the intent; 9. delete manifests that retention
+       no longer keeps (after the head no longer lists them).
+
+GC (`vfsd gc --remote URL`, `vfsd.bucketgc`): mark and sweep.
+    1. Take `gc/lease` (one sweep at a time); t0 = the server's Date.
+    2. Mark every chunk named by an intent younger than `INTENT_MAX_AGE`.
+    3. Mark every chunk named by any manifest of any run under the prefix
+       (a manifest that does not decode stops the sweep: nothing is deleted
+       when what is referenced is unknown).
+    4. List `chunks/`; delete each chunk that is unmarked and whose
+       Last-Modified is older than t0 - grace, checking before each batch
+       that the GC lease is still valid on the sweep's own clock.
+    5. Release `gc/lease`.
+
+Why a chunk a manifest names is never deleted (the race of a worker that
+found a chunk already present, then publishes a manifest naming it, while
+GC decides it is garbage). Let M be a manifest naming chunk X, PUT at w by a
+writer whose intent for X was written at a and whose check of `gc/lease`
+found no sweep at b > a, and who confirmed X after b (step 5). Take any
+sweep k, which took `gc/lease` at m_k and listed intents at g_k > m_k:
+- m_k > b: then g_k > b > a, so sweep k saw the intent (it is deleted only
+  after the head lists M, and manifests are listed after intents, so if the
+  intent was gone M was there) and marked X.
+- m_k < b and sweep k still held the lease at b: impossible, the writer waits
+  until it is released or expired, and a sweep stops deleting `margin`
+  seconds before its lease expires on the server's clock (`vfsd.lease`).
+- sweep k released its lease before b: all its deletions were done before b.
+  If X was HEADed after b it was present after them. If X was confirmed by
+  age instead (created by this writer at u with b - u < grace_floor / 2),
+  sweep k had t0_k <= b and grace_k >= grace_floor, so it deleted only
+  chunks last modified before t0_k - grace_k < u: not X.
+- a sweep that ignored the intent because it was older than `INTENT_MAX_AGE`
+  started more than `INTENT_MAX_AGE` after a, after M was PUT (the writer
+  renews its intent past half that age), so it listed M and marked X.
+And once M is listed by the head, retention deletes it only when no
+retained manifest needs it (chains keep their ancestors), so every later
+sweep marks X for as long as M is kept. Assumed, as for leases: the
+server's clock does not jump, and a request a client gave up on does not
+land on the server much later.
+
+`<run>` is the volume's run id as the store keeps it (32 hex digits; see
 `Store.run_id`); `check_run_id` accepts any id of 1-128 letters, digits, `._-`.
-
-PLACEHOLDER `runs/<run_id>/manifests/<snapshot id>` (ids as `vfsd.snapshots` names them)
-    A published snapshot: an immutable object, written with `If-None-Match: *`
-    only after every chunk it names is in the bucket
-    (`uploader.ensure_uploaded`). Format: versioned, compact, to be defined
-    with the snapshot format.
-
-PLACEHOLDER `runs/<run_id>/head`
-    The latest published snapshot of the run, with the lease `generation` of
-    the writer. Written with `If-Match` on the ETag the writer last read or
-    wrote, so a writer that lost its lease without knowing it yet (a stalled
-    process) cannot overwrite its successor's head: its CAS fails. The lease
-    says who should write; the CAS on the head makes a stale writer harmless.
-
-GC (to design with the manifests): chunks are named by no retained manifest of
-any run and older than a grace period are deleted. A chunk found present by
-`put_if_absent` (or a HEAD) may be an old one that GC is about to delete: the
-grace period must cover "found present, then named by a manifest", not only
-"being uploaded".
 
 Names are fixed here; other modules call the functions below and never build
 keys themselves.
@@ -79,8 +186,13 @@ import re
 
 CHUNKS_DIR = "chunks"
 RUNS_DIR = "runs"
+GC_DIR = "gc"
+#: intents older than this (server clock) are ignored and deleted by GC
+INTENT_MAX_AGE = 3600.0
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _HEX = re.compile(r"[0-9a-f]{32}")
+_SEQ = re.compile(r"[1-9][0-9]{0,18}")
+_INTENT = re.compile(r"([1-9][0-9]{0,18})-([1-9][0-9]{0,18})")
 
 
 def check_run_id(run_id: str) -> str:
@@ -114,3 +226,74 @@ def run_prefix(run_id: str) -> str:
 
 def lease_key(run_id: str) -> str:
     return f"{run_prefix(run_id)}/lease"
+
+
+def head_key(run_id: str) -> str:
+    return f"{run_prefix(run_id)}/head"
+
+
+def manifests_prefix(run_id: str) -> str:
+    return f"{run_prefix(run_id)}/snapshots/"
+
+
+def manifest_key(run_id: str, seq: int) -> str:
+    if not isinstance(seq, int) or not 0 < seq < 1 << 63:
+        raise ValueError(f"bad snapshot seq {seq!r}")
+    return f"{manifests_prefix(run_id)}{seq}"
+
+
+def intents_prefix(run_id: str) -> str:
+    return f"{run_prefix(run_id)}/intents/"
+
+
+def intent_key(run_id: str, seq: int, generation: int) -> str:
+    return f"{intents_prefix(run_id)}{seq}-{generation}"
+
+
+GC_LEASE_KEY = f"{GC_DIR}/lease"
+
+
+def parse_run_key(key: str) -> tuple[str, str, str] | None:
+    """(run, kind, rest) for keys under `runs/`: kind is "lease", "head",
+    "snapshots" or "intents" and rest the part after it; None for other keys."""
+    parts = key.split("/")
+    if len(parts) < 3 or parts[0] != RUNS_DIR or not _RUN_ID.fullmatch(parts[1]):
+        return None
+    if len(parts) == 3 and parts[2] in ("lease", "head"):
+        return parts[1], parts[2], ""
+    if len(parts) == 4 and parts[2] in ("snapshots", "intents"):
+        return parts[1], parts[2], parts[3]
+    return None
+
+
+def seq_of_manifest_name(name: str) -> int | None:
+    """The seq a manifest's last key segment names, or None."""
+    return int(name) if _SEQ.fullmatch(name) and int(name) < 1 << 63 else None
+
+
+def intent_of_name(name: str) -> tuple[int, int] | None:
+    """(seq, generation) of an intent's last key segment, or None."""
+    m = _INTENT.fullmatch(name)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+class BadResumeSpec(ValueError):
+    """A `--from RUN_ID@SNAPSHOT` that cannot name a published snapshot."""
+
+
+def parse_resume_spec(text: str) -> tuple[str, int]:
+    """(run id, seq) of "RUN_ID@sSEQ"; BadResumeSpec saying what is wrong."""
+    if not isinstance(text, str) or not text:
+        raise BadResumeSpec("--from needs RUN_ID@SNAPSHOT, e.g. 3f2a...9c@s12")
+    shown = text if len(text) <= 80 else text[:80] + "..."
+    run, sep, snap = text.rpartition("@")
+    if not sep or not run:
+        raise BadResumeSpec(f"--from {shown!r}: expected RUN_ID@SNAPSHOT (e.g. 3f2a...9c@s12); "
+                            "the run id is what `vfsd status --json` reports as \"run\"")
+    try:
+        check_run_id(run)
+    except ValueError as exc:
+        raise BadResumeSpec(f"--from {shown!r}: {exc}") from None
+    if not snap.startswith("s") or not _SEQ.fullmatch(snap[1:]) or int(snap[1:]) >= 1 << 63:
+        raise BadResumeSpec(f"--from {shown!r}: {snap!r} is not a snapshot id (ids look like s12)")
+    return run, int(snap[1:])

@@ -19,10 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--volume", required=True)
     p.add_argument("--config-json", required=True)
     p.add_argument("--ready-fd", type=int)
+    p.add_argument("--resume-from")
     args = p.parse_args(argv)
     config = Config(**json.loads(args.config_json)).validate()
     return run_daemon(RunDir(args.run_dir), config, args.store, args.volume,
-                      ready_fd=args.ready_fd)
+                      ready_fd=args.ready_fd, resume_from=args.resume_from)
 
 
 if __name__ == "__main__":

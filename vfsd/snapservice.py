@@ -64,6 +64,9 @@ class SnapshotService:
             await self._quiesce()
             rec = self.snaps.create(pinned=pinned, label=label)
             rec["deleted"] = self._retention()
+        remote = getattr(self.daemon, "remote", None)
+        if remote is not None:
+            remote.kick()  # published in the background (vfsd.publisher)
         log.info("snapshot", id=rec["id"], entries=rec["entries"],
                  duration_ms=rec["duration_ms"], deleted=rec["deleted"])
         return rec

@@ -32,7 +32,28 @@ def store_status(store) -> dict:
         "xattr_bytes": c["xattr_bytes"],
         "stored_bytes": stored,
         "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
+        "remote": _remote_summary(store),
     }
+
+
+def _remote_summary(store) -> dict | None:
+    """The remote tier as the store records it (the running daemon says more)."""
+    from . import remotestate
+
+    if store.db.get("upload") is None:
+        return None
+    url = remotestate.remote_url(store)
+    if url is None:
+        return None
+    counts = remotestate.counts(store)
+    published = remotestate.published(store)
+    return {"url": url, "run": store.run_id, "state": "not running", "read_only": False,
+            "reason": None,
+            "backlog": {"chunks": counts["upload_chunks"], "bytes": counts["upload_bytes"],
+                        "unpublished_chunks": counts["unpublished_chunks"],
+                        "unpublished_bytes": counts["unpublished_bytes"]},
+            "publisher": {"published": f"s{max(published)}" if published else None},
+            "oldest_unpublished_change_age_s": None, "last_error": None}
 
 
 def live_status(daemon) -> dict:
@@ -56,4 +77,6 @@ def live_status(daemon) -> dict:
         "requests": dict(ops.counters.requests),  # FUSE requests by handler
         "config": daemon.config.as_dict(),
     })
+    if daemon.remote is not None:
+        doc["remote"] = daemon.remote.status()
     return doc

@@ -46,6 +46,8 @@ Schema version 2. Integers are big-endian, so range scans run in order;
             last open handle or kernel reference; freed at the volume's next start.
 `evicted`, `evictino`, `removed`: the bounded logs, see `eventlog`.
 `snap`, `sgone`, `sver`, `sgen`, `sdirty`: snapshots, see `snapshots`.
+`upload`, `published` and the `remote_*`, `upload_*`, `unpub_*` meta keys:
+the remote tier, see `remotestate`.
 
 Chunk files are created (renamed into place) and deleted only inside an LMDB
 write transaction, which serializes them against other processes sharing the
@@ -94,7 +96,10 @@ _DB_NAMES = (
     "meta", "volume", "inode", "dentry", "dirlist", "backlink", "link", "block",
     "content", "blob", "xattr", "bystep", "agestep", "donestep", "orphan",
     "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty",
+    "upload", "published",
 )
+#: tables a read-only handle may find missing (a store older than them): None then
+_OPTIONAL_DBS = ("upload", "published")
 
 _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
             lmdb.VersionMismatchError, lmdb.InvalidError, lmdb.BadValsizeError)
@@ -152,6 +157,7 @@ class Store:
         create: bool = True,
         chunk_size: int | None = None,
         inline_max: int = DEFAULT_INLINE_MAX,
+        incomplete_ok: bool = False,
     ) -> None:
         self.dir = Path(store_dir)
         self.readonly = readonly
@@ -164,6 +170,11 @@ class Store:
         # restored from (`snapshots`: meta `base_changed`).
         self.base_clean = False
         self._base_touched = False
+        #: wall-clock time of the first change since the last snapshot (this process)
+        self.dirty_since: float | None = None
+        #: called after a commit that made or deleted chunk files: (made [(digest,
+        #: size)], deleted [digest]); set by the remote tier
+        self.on_chunk_files = None
         self.env = self._open_env(readonly, create, map_size, sync)
         try:
             with self.txn() as txn:
@@ -181,7 +192,7 @@ class Store:
         self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
         self._vp = b"v" + _U32.pack(self.vol) + b":"
         self._vb = _U32.pack(self.vol)
-        if volume is not None and self.meta_u64(b"incomplete"):
+        if volume is not None and self.meta_u64(b"incomplete") and not incomplete_ok:
             self.env.close()
             raise errors.StoreVersionError(
                 f"volume {self.volume!r} of store {self.dir} is a fork that did not finish "
@@ -189,6 +200,8 @@ class Store:
         self.chunk_size = self._chunk_size(chunk_size)
         self.tracking = self.meta_u64(b"snap_seq") > 0
         self.base_clean = self.tracking and not self.meta_u64(b"base_changed")
+        if self.tracking and self._has_dirty():
+            self.dirty_since = time.time()  # changed before this process: since when is lost
         if not readonly:
             self._make_reserve()
 
@@ -247,6 +260,8 @@ class Store:
         try:
             return self.env.open_db(name.encode(), create=not self.readonly)
         except lmdb.NotFoundError:
+            if name in _OPTIONAL_DBS:
+                return None
             # Read-only on a store whose writer never made this table yet.
             raise errors.StoreVersionError(f"store {self.dir} lacks table {name!r}") from None
         except lmdb.Error as exc:
@@ -257,24 +272,49 @@ class Store:
         """An LMDB transaction whose failures are store errors.
 
         Snapshot change marks made in a write transaction count only once it
-        has committed.
+        has committed. Read transactions may run in worker threads (they
+        touch none of this bookkeeping); write transactions run on one thread.
         """
         try:
             with self.env.begin(write=write) as txn:
                 yield txn
         except lmdb.Error as exc:
-            self._pending_marks.clear()
-            self._base_touched = False
+            if write:
+                self._abandoned()
             raise translate(exc) from exc
         except BaseException:
-            self._pending_marks.clear()
-            self._base_touched = False
+            if write:
+                self._abandoned()
             raise
+        if not write:
+            return
         if self._pending_marks:
+            if self.dirty_since is None:
+                self.dirty_since = time.time()
             self._marked |= self._pending_marks
             self._pending_marks.clear()
+        content = self.content if hasattr(self, "content") else None
+        if content is not None and (content.created or content.removed):
+            made, gone = content.created, content.removed
+            content.created, content.removed = [], []
+            if self.on_chunk_files is not None:
+                self.on_chunk_files(made, gone)
         if self._base_touched:
             self.base_clean = self._base_touched = False
+
+    def _abandoned(self) -> None:
+        """A transaction that did not commit: forget what it would have done."""
+        self._pending_marks.clear()
+        self._base_touched = False
+        content = self.content if hasattr(self, "content") else None
+        if content is not None:
+            content.created.clear()
+            content.removed.clear()
+
+    def _has_dirty(self) -> bool:
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db["sdirty"])
+            return cur.set_range(self._vb) and bytes(cur.key()[:4]) == self._vb
 
     def _open_volume(self, name: str | None, create: bool) -> tuple[int, int]:
         db = self.db
@@ -329,7 +369,7 @@ class Store:
     #: tables whose keys start with the volume id
     _PER_VOLUME = ("inode", "dentry", "dirlist", "backlink", "link", "block", "xattr",
                    "bystep", "agestep", "donestep", "orphan", "evicted", "evictino", "removed",
-                   "snap", "sgone", "sver", "sgen", "sdirty")
+                   "snap", "sgone", "sver", "sgen", "sdirty", "published")
 
     def drop_volume(self, name: str) -> None:
         """Delete a volume and its snapshots, releasing the content they held."""
@@ -340,6 +380,8 @@ class Store:
         refs: Counter = Counter()
         with self.txn(write=True) as txn:
             for table in self._PER_VOLUME:
+                if self.db[table] is None:
+                    continue
                 cur = txn.cursor(db=self.db[table])
                 if not cur.set_range(vb):
                     continue
@@ -543,6 +585,7 @@ class Store:
     def forget_marks(self) -> None:
         """The in-memory copy of the marks, after a snapshot consumed them."""
         self._marked.clear()
+        self.dirty_since = None
 
     def set_base(self, txn) -> None:
         """The live tree now equals a snapshot (just taken or restored); call

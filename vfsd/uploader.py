@@ -127,6 +127,10 @@ class Uploader:
         self._events: dict[bytes, trio.Event] = {}
         self._failed: dict[bytes, str] = {}
         self._confirmed: OrderedDict[bytes, float] = OrderedDict()
+        # Chunks this uploader created in the bucket (not found there): digest
+        # -> time.monotonic() when the PUT was sent, so their Last-Modified is
+        # no earlier. The publisher trusts such a chunk's age (vfsd.remote, GC).
+        self._created: OrderedDict[bytes, float] = OrderedDict()
         self._report: list[bytes] = []
         self._backlog_bytes = 0
         self._wake = trio.Event()
@@ -279,6 +283,7 @@ class Uploader:
         while True:
             item = await self._next_item()
             try:
+                started = time.monotonic()
                 existed, sent = await trio.to_thread.run_sync(
                     self._upload_one, item, limiter=self._limiter, abandon_on_cancel=True)
             except _LocalChunkBad as exc:
@@ -295,6 +300,8 @@ class Uploader:
                 self._requeue(item)  # cancelled: it stays pending
                 raise
             self.stats["sent_bytes"] += sent
+            if not existed:
+                self._note_created(item.digest, started)
             self._finish(item, existed=existed)
 
     async def _next_item(self) -> PendingChunk:
@@ -405,6 +412,17 @@ class Uploader:
         self._confirmed.move_to_end(digest)
         while len(self._confirmed) > CONFIRMED_MAX:
             self._confirmed.popitem(last=False)
+
+    def _note_created(self, digest: bytes, sent: float) -> None:
+        self._created[digest] = sent
+        self._created.move_to_end(digest)
+        while len(self._created) > CONFIRMED_MAX:
+            self._created.popitem(last=False)
+
+    def created_at(self, digest: bytes) -> float | None:
+        """time.monotonic() at which this uploader sent the PUT that created the
+        chunk in the bucket (its Last-Modified is no earlier), or None."""
+        return self._created.get(digest)
 
     def _is_confirmed(self, digest: bytes) -> bool:
         at = self._confirmed.get(digest)
