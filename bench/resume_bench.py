@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -140,17 +139,17 @@ class Bench:
         times = {"native": [], "local": [], "remote": []}
         for r in range(rounds):
             cold(native)
-            times["native"].append(run_timed(["cat", str(data_file)])[0])
+            times["native"].append(run_timed(f"cat '{data_file}' > /dev/null")[0])
             a.umount()
             cold(native)
             a.mount()
-            times["local"].append(run_timed(["cat", str(a.root / "big.bin")])[0])
+            times["local"].append(run_timed(f"cat '{a.root / 'big.bin'}' > /dev/null")[0])
             b = self.worker(f"cold-b{r}", url, "--from", f"{run}@{snap}",
                             "--remote-lease-wait", "0")
             a.umount()  # b takes the lease (not needed to read, but as in production)
             cold(native)
             b.mount()
-            times["remote"].append(run_timed(["cat", str(b.root / "big.bin")])[0])
+            times["remote"].append(run_timed(f"cat '{b.root / 'big.bin'}' > /dev/null")[0])
             fetched = b.status()["remote"]["fetcher"]
             b.umount()
             a.mount()
@@ -364,5 +363,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    subprocess.run(["true"])
     sys.exit(main())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -76,6 +77,8 @@ def test_write_sync_resume_elsewhere_and_go_on(s3, run_factory):
     a = run_factory("a", "--remote", url, *FAST)
     files = {"notes/plan.md": b"# plan\n- fetch logs\n", "big.bin": os.urandom(3 * MiB + 5),
              "data/x.json": os.urandom(100_000), "empty": b""}
+    # Files nobody changes later: B's delta stays small next to the full manifest.
+    files.update({f"logs/{i:02d}.log": f"log {i}\n".encode() * 50 for i in range(30)})
     write_tree(a.root, files)
     os.symlink("notes/plan.md", a.root / "plan")
     os.setxattr(a.root / "notes/plan.md", "user.color", b"blue")
@@ -93,7 +96,7 @@ def test_write_sync_resume_elsewhere_and_go_on(s3, run_factory):
     st = status(b)
     assert st["run"] == run and st["remote"]["state"] == "held"
     assert st["remote"]["fetcher"]["downloads"] == 0  # nothing fetched at mount
-    assert sorted(os.listdir(b.root)) == ["big.bin", "data", "empty", "notes", "plan"]
+    assert sorted(os.listdir(b.root)) == ["big.bin", "data", "empty", "logs", "notes", "plan"]
     assert (b.root / "notes/plan.md").read_bytes() == files["notes/plan.md"]  # in the manifest
     assert status(b)["remote"]["fetcher"]["downloads"] == 0
     assert (b.root / "big.bin").read_bytes() == files["big.bin"]
@@ -103,6 +106,17 @@ def test_write_sync_resume_elsewhere_and_go_on(s3, run_factory):
     assert tree(b.root) == before
     assert attr_doc(b.root / "notes/plan.md")["xattrs"] == {"user.color": "blue"}
 
+    # Changing a remote-only chunk in place fetches it first (write, truncate).
+    big = bytearray(files["big.bin"])
+    drop_page_cache(b.root / "big.bin")
+    with open(b.root / "big.bin", "r+b") as f:
+        f.seek(MiB + 100)
+        f.write(b"patched in the middle")
+        big[MiB + 100:MiB + 121] = b"patched in the middle"
+        f.truncate(2 * MiB + 4096)
+        del big[2 * MiB + 4096:]
+    drop_page_cache(b.root / "big.bin")
+    assert (b.root / "big.bin").read_bytes() == bytes(big)
     # B goes on with the run; its next snapshot is a delta on s1.
     (b.root / "notes/plan.md").write_bytes(b"# plan v2\n")
     (b.root / "data/x.json").unlink()
@@ -130,6 +144,44 @@ def test_write_sync_resume_elsewhere_and_go_on(s3, run_factory):
     st = status(d)["remote"]
     assert st["read_only"] and "held by another worker" in st["reason"]
     assert bucket.missing_chunks() == {}
+
+
+def test_unaligned_and_concurrent_writes_upload_cleanly(s3, run_factory):
+    """Small and unaligned writes rewrite blocks while their first versions wait
+    for upload: superseded chunks are dropped quietly, the rest published."""
+    url = s3.unique_url("unaligned")
+    a = run_factory("a", "--remote", url, *FAST)
+    src = a.run_dir / "src.bin"
+    src.write_bytes(os.urandom(16 * MiB + 333))
+    shutil.copyfile(src, a.root / "copied.bin")  # sendfile, in pieces
+    subprocess.run(["dd", f"if={src}", f"of={a.root / 'dd.bin'}", "bs=4k", "status=none"],
+                   check=True)
+    # Four threads write one file in 100 KB pieces, fsyncing now and then: blocks
+    # are committed half full, then rewritten, while uploads are queued.
+    pieces = os.urandom(8 * MiB)
+    fd = os.open(a.root / "pwrite.bin", os.O_RDWR | os.O_CREAT, 0o644)
+
+    def writer(k: int) -> None:
+        for off in range(k * 100_000, len(pieces), 400_000):
+            os.pwrite(fd, pieces[off:off + 100_000], off)
+            if off % 1_000_000 < 100_000:
+                os.fsync(fd)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    os.close(fd)
+    snapshot(a)
+    sync(a)
+    assert (a.root / "copied.bin").read_bytes() == src.read_bytes()
+    assert (a.root / "dd.bin").read_bytes() == src.read_bytes()
+    assert (a.root / "pwrite.bin").read_bytes() == pieces
+    assert Bucket(s3, url).missing_chunks() == {}
+    st = status(a)["remote"]
+    assert st["uploads"]["failed"] == 0 and st["backlog"]["chunks"] == 0
+    assert not log_errors(a)
 
 
 def test_two_workers_race_for_one_run(s3, run_factory, tmp_path):

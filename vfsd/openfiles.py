@@ -135,9 +135,10 @@ class OpenFiles:
         return out
 
     def chunks_to_rewrite(self, of: OpenFile, off: int, length: int | None) -> list[bytes]:
-        """Chunk files not in memory that a write of `length` bytes at `off` (or,
-        with `length` None, a truncate to `off`) reads back: partly overwritten
-        committed blocks, and the short last block a growing file stores again."""
+        """Chunk files absent locally (only in the object store) that a write of
+        `length` bytes at `off` (or, with `length` None, a truncate to `off`) reads
+        back: partly overwritten committed blocks, and the short last block a
+        growing file stores again."""
         cs = self.cs
         idxs = set()
         if length is None:
@@ -156,8 +157,11 @@ class OpenFiles:
         out = []
         for idx in sorted(idxs):
             ref = of.blocks.get(idx)
+            # Only chunks absent locally: a local one is read where it is used, on
+            # the loop, so no other write can supersede it in between.
             if ref and idx not in of.dirty and ref_loc(ref) == LOC_FILE \
-                    and not self.store.content.is_cached(ref):
+                    and not self.store.content.is_cached(ref) \
+                    and not self.store.chunks.exists(ref_digest(ref)):
                 out.append(ref_digest(ref))
         return out
 

@@ -45,7 +45,7 @@ from .publisher import Publisher
 from .remote import BadResumeSpec, parse_resume_spec
 from .resume import ResumeError, import_snapshot, load_snapshot, origin_of, volume_state
 from .snapshots import parse_id, snapshot_id
-from .uploader import PendingChunk, Uploader
+from .uploader import ChunkGone, PendingChunk, Uploader
 
 log = structlog.get_logger("vfsd.remote")
 
@@ -162,7 +162,7 @@ class RemoteTier:
             me = Owner.me()
             self.owner = Owner(me.host, me.pid, token.decode())
         self.uploader = Uploader(
-            self.objstore, store.chunks.read_all, on_uploaded=self._on_uploaded,
+            self.objstore, self._read_for_upload, on_uploaded=self._on_uploaded,
             load_pending=self._load_pending, workers=self.config.remote_workers,
             max_queued=self.config.remote_upload_queue,
             retry_base_delay=max(0.05, self.config.remote_retry_base_delay),
@@ -377,6 +377,19 @@ class RemoteTier:
             self.cache.add(digest, size)
         for digest in gone:
             self.cache.removed(digest)
+            self.uploader.forget(digest)
+
+    def _read_for_upload(self, digest: bytes) -> bytes:
+        """Uploader callback (worker thread): the local chunk, or ChunkGone when it was
+        superseded before its upload (a block rewritten while the upload waited)."""
+        try:
+            return self.store.chunks.read_all(digest)
+        except errors.CorruptChunk:
+            with self.store.txn() as txn:
+                still = remotestate.entry(txn, self.store.db, digest)
+            if still is None:
+                raise ChunkGone(digest.hex()) from None
+            raise
 
     def _on_uploaded(self, digests: list[bytes]) -> None:
         with self.store.txn(write=True) as txn:

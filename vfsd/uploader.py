@@ -85,6 +85,11 @@ class UploadFailed(Exception):
         self.reasons = reasons
 
 
+class ChunkGone(Exception):
+    """Raised by `read_chunk` for a chunk nobody needs any more (its last
+    reference went before it was uploaded): the item is dropped quietly."""
+
+
 class _LocalChunkBad(Exception):
     """The local copy of a chunk is missing or damaged (permanent for this digest)."""
 
@@ -151,7 +156,8 @@ class Uploader:
         self._probing = False
         # uploaded / existed: chunks put by us / found already in the bucket;
         # sent_bytes: chunk bytes put on the wire (a lost race sends without creating).
-        self.stats = {"uploaded": 0, "existed": 0, "failed": 0, "retries": 0, "sent_bytes": 0}
+        self.stats = {"uploaded": 0, "existed": 0, "failed": 0, "retries": 0, "sent_bytes": 0,
+                      "dropped": 0}
         self.last_error: str | None = None
         self._last_error_at: float | None = None
         self._running = False
@@ -289,6 +295,9 @@ class Uploader:
             except _LocalChunkBad as exc:
                 self._finish(item, failure=str(exc))
                 continue
+            except ChunkGone:
+                self._drop(item)
+                continue
             except (RemoteError, OSError) as exc:
                 self._retry_later(item, str(exc))
                 continue
@@ -337,6 +346,8 @@ class Uploader:
         """In a worker thread: read, verify, upload. Returns (existed, bytes sent)."""
         try:
             data = self.read_chunk(item.digest)
+        except ChunkGone:
+            raise
         except (CorruptChunk, FileNotFoundError) as exc:
             raise _LocalChunkBad(f"local chunk unusable: {exc}") from None
         if chunk_hash(data) != item.digest:
@@ -380,6 +391,30 @@ class Uploader:
         if event is not None:
             event.set()
         self._room.set()
+
+    def _drop(self, item: PendingChunk) -> None:
+        """A chunk superseded before its upload: nothing to upload, nothing failed."""
+        digest = item.digest
+        if self._in_flight.pop(digest, None) is not None:
+            self._backlog_bytes -= max(item.size, 0)
+        self.stats["dropped"] += 1
+        event = self._events.pop(digest, None)
+        if event is not None:
+            self._failed[digest] = "the chunk is no longer needed"
+            event.set()
+        self._room.set()
+
+    def forget(self, digest: bytes) -> None:
+        """Drop a queued chunk whose last reference went (trio thread)."""
+        item = self._queue.pop(digest, None)
+        if item is not None:
+            self._backlog_bytes -= max(item.size, 0)
+            self.stats["dropped"] += 1
+            event = self._events.pop(digest, None)
+            if event is not None:
+                self._failed[digest] = "the chunk is no longer needed"
+                event.set()
+            self._room.set()
 
     def _retry_later(self, item: PendingChunk, error: str) -> None:
         self._requeue(item)
