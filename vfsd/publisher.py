@@ -55,6 +55,10 @@ log = structlog.get_logger("vfsd.publisher")
 SWEEP_POLL = 1.0
 
 
+class RunMovedOn(LeaseLost):
+    """Another lease generation published in this run: this worker lost it for good."""
+
+
 class PublishError(Exception):
     """A publication that cannot go on as it is (retried later)."""
 
@@ -166,7 +170,8 @@ class Publisher:
                 failures = 0
             except LeaseLost as exc:
                 self._note_error(str(exc))
-                self.tier.lease_lost(str(exc), definitive=self.tier.lease_taken_over())
+                self.tier.lease_lost(str(exc), definitive=isinstance(exc, RunMovedOn)
+                                     or self.tier.lease_taken_over())
             except Exception as exc:  # noqa: BLE001 - retried; a bug must not stop the daemon
                 failures += 1
                 self._note_error(str(exc) or type(exc).__name__)
@@ -371,7 +376,7 @@ class Publisher:
                 other_gen = 0
             head = self.head
             if other_gen >= m.generation or (head is not None and head.entry(m.seq)):
-                raise LeaseLost(f"snapshot s{m.seq} of run {m.run} was published by lease "
+                raise RunMovedOn(f"snapshot s{m.seq} of run {m.run} was published by lease "
                                 f"generation {other_gen}; this worker's is {m.generation}")
             log.warning("orphan_manifest_replaced", snapshot=snapshot_id(m.seq),
                         generation=other_gen)
@@ -394,8 +399,8 @@ class Publisher:
             lease.check()
             head = self.head
             if head.generation > m.generation:
-                raise LeaseLost(f"the head of run {m.run} was written by generation "
-                                f"{head.generation}")
+                raise RunMovedOn(f"the head of run {m.run} was written by generation "
+                                 f"{head.generation}")
             if head.generation == m.generation and head.entry(m.seq):
                 self._doomed = doomed  # our previous write landed; its answer was lost
                 return
@@ -484,12 +489,6 @@ class Publisher:
                     keys.append(info.key)
         self.objstore.delete(sorted(set(keys)))
         self.stats["manifests_deleted"] += len(set(keys)) - 1
-
-    async def drop_intent(self, run: str, seq: int, generation: int) -> None:
-        try:
-            await self._to_thread(self.objstore.delete, [intent_key(run, seq, generation)])
-        except RemoteError:
-            pass
 
     # ------------------------------------------------------------------ sync
 

@@ -25,7 +25,6 @@ published again by this daemon.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -276,8 +275,8 @@ class RemoteTier:
         """The publisher or the keeper learnt that the lease is gone."""
         if definitive:
             self._lose(reason)
-        elif self.state == "held":
-            self._set_state("lapsed", reason)
+        elif self.state == "held" and (self.lease is None or not self.lease.valid):
+            self._set_state("lapsed", reason)  # the keeper takes it again
 
     def can_publish(self) -> bool:
         return self.state == "held" and self.lease is not None and self.lease.valid
@@ -497,7 +496,3 @@ class RemoteTier:
             t.join(5.0)
         self.objstore.close()
 
-
-def describe_origin(store) -> dict | None:
-    raw = remotestate.volume_meta(store, b"remote_origin")
-    return json.loads(raw) if raw else None

@@ -180,6 +180,10 @@ def import_snapshot(store_dir: Path, volume: str, snap: RemoteSnapshot, *, remot
             st.close()
     st = Store(store_dir, volume, chunk_size=snap.chunk_size, inline_max=inline_max)
     try:
+        current = remotestate.remote_url(st)
+        if current is not None and current != remote_url:
+            raise ResumeError(f"the store at {store_dir} keeps its chunks in {current}, not "
+                              f"{remote_url}: resume into a run dir with a store of its own")
         if st.chunk_size != snap.chunk_size:
             raise ResumeError(f"the store at {store_dir} cuts files into {st.chunk_size}-byte "
                               f"chunks, the run into {snap.chunk_size}: use another store")

@@ -195,8 +195,8 @@ class Store:
         if volume is not None and self.meta_u64(b"incomplete") and not incomplete_ok:
             self.env.close()
             raise errors.StoreVersionError(
-                f"volume {self.volume!r} of store {self.dir} is a fork that did not finish "
-                "copying; run `vfsd fork` again to redo it")
+                f"volume {self.volume!r} of store {self.dir} is a fork or an import that did "
+                "not finish copying; run `vfsd fork` (or `vfsd mount --from`) again to redo it")
         self.chunk_size = self._chunk_size(chunk_size)
         self.tracking = self.meta_u64(b"snap_seq") > 0
         self.base_clean = self.tracking and not self.meta_u64(b"base_changed")
