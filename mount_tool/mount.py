@@ -319,10 +319,14 @@ class Mount:
 
     def changes(self, since_step: int) -> dict[str, Any]:
         """Files changed and removed since `since_step`: {"step", "changed", "removed"}."""
-        res = self.client.call("changes", since=int(since_step))
-        res["changed"] = [as_ref(r) for r in res.get("changed", [])]
-        res.setdefault("removed", [])
-        return res
+        first = res = self.client.call("changes", since=int(since_step))
+        changed = [as_ref(r) for r in res.get("changed", [])]
+        # The daemon answers a page at a time, so no reply holds its loop long.
+        while res.get("next"):
+            res = self.client.call("changes", since=int(since_step), after=res["next"])
+            changed += [as_ref(r) for r in res.get("changed", [])]
+        return {"step": first.get("step"), "changed": changed,
+                "removed": first.get("removed", [])}
 
     def evicted(self, limit: int = 100) -> list[dict[str, Any]]:
         """The most recent eviction records, newest last."""

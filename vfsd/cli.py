@@ -307,18 +307,40 @@ def evicted(run_dir: Path, limit: int, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-def gc(run_dir: Path) -> None:
+@click.option("--compact", "do_compact", is_flag=True,
+              help="Also shrink the LMDB file to what it holds (no daemon may use the store).")
+def gc(run_dir: Path, do_compact: bool) -> None:
     """Remove unreferenced chunks and leftover temporary files."""
     run = RunDir(run_dir)
     if pid_alive(run.read_pid()):
+        if do_compact:
+            _fail(f"{run.path} is mounted: unmount it to compact its store")
         result = _call(run_dir, "gc")
     else:
+        from .errors import StoreLocked, StoreVersionError
+        from .fsck import lock_all
         from .store import Store
 
         store_dir, volume = run.store_location()
-        st = Store(store_dir, volume, create=False)
-        result = st.gc_chunks(min_temp_age_s=0)
-        st.close()
+        try:
+            st = Store(store_dir, volume, create=False)
+        except StoreVersionError as exc:
+            _fail(str(exc))
+        try:
+            locks = lock_all(st) if do_compact else []
+        except StoreLocked as exc:
+            st.close()
+            _fail(f"{exc}; unmount it to compact the store")
+        try:
+            result = st.gc_chunks(min_temp_age_s=0)
+            st.close()
+            if do_compact:
+                from .compact import compact
+
+                result.update(compact(store_dir))
+        finally:
+            for fd in locks:
+                os.close(fd)
     click.echo(json.dumps(result))
 
 

@@ -299,11 +299,26 @@ class ControlServer:
     def op_unpin(self, req: dict) -> dict:
         return self._update(req, pinned=False)
 
+    #: files per `changes` reply: each costs a block-map read on the loop
+    CHANGES_PAGE = 2000
+
     def op_changes(self, req: dict) -> dict:
+        """Files changed since a step, a page at a time (`next` resumes)."""
         since = _arg(req, "since", int)
-        changed = [self.file_ref(ino) for _, ino in self.store.scan_index("bystep", since_step=since)]
+        limit = min(_arg(req, "limit", int, self.CHANGES_PAGE), 10_000) or 1
+        after = _arg(req, "after", list, None)
+        if after is not None:
+            if len(after) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                          and 0 <= x <= MAX_INT for x in after):
+                raise RequestError("bad_request", "'after' is [step, ino] from a `next`")
+            page = self.store.scan_index("bystep", since_step=after[0], after_ino=after[1],
+                                         limit=limit)
+        else:
+            page = self.store.scan_index("bystep", since_step=since, limit=limit)
+        changed = [self.file_ref(ino) for _, ino in page]
         return {"step": self.store.get_step(), "changed": changed,
-                "removed": self.store.removed_since(since)}
+                "removed": self.store.removed_since(since) if after is None else [],
+                "next": list(page[-1]) if len(page) == limit else None}
 
     def op_evicted(self, req: dict) -> dict:
         limit = _arg(req, "limit", int, 100)

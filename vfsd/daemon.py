@@ -124,6 +124,7 @@ class Daemon:
             ctldir.FILES[b"evicted.ndjson"]: self._render_evicted,
         }
         self.ops.quota = self.evictor.reserve
+        self.ops.limits = self.evictor.limits
         self.ops.reserve_file = self.evictor.reserve_file
         self.metrics = start_metrics_server(self, self.config.metrics_port)
 

@@ -83,11 +83,12 @@ class Evictor:
                 return
 
     def usage(self, counters: dict | None = None) -> int:
-        """Logical bytes of the volume, including writes still buffered."""
+        """Bytes the quota counts: file content (writes still buffered
+        included) and extended attributes."""
         counters = counters or self.store.counters()
         pending = sum(max(of.inode.size - of.committed_size, 0)
                       for of in self.files.files.values())
-        return counters["logical_bytes"] + pending
+        return counters["logical_bytes"] + counters["xattr_bytes"] + pending
 
     # ------------------------------------------------------------ applying
 
@@ -174,6 +175,10 @@ class Evictor:
         return report
 
     # --------------------------------------------------------------- quota
+
+    def limits(self) -> tuple[int | None, int, int | None]:
+        """(quota bytes, bytes used, max files) for statfs."""
+        return self.config.quota_bytes, self.usage(), self.config.max_files
 
     def reserve(self, grow: int, ino: int | None = None) -> None:
         """Make room for `grow` more bytes, evicting if needed; NoSpace if impossible."""

@@ -141,6 +141,8 @@ class VfsdOperations(pyfuse3.Operations):
         # created; they evict to make room or raise NoSpace. Set by the daemon.
         self.quota = quota
         self.reserve_file = None
+        # () -> (quota bytes or None, bytes used, max files or None), for statfs.
+        self.limits = None
         self._disk_free = 0
         self._disk_checked = 0.0
         self._loading: dict[bytes, trio.Event] = {}  # chunk loads in flight
@@ -555,15 +557,20 @@ class VfsdOperations(pyfuse3.Operations):
         if of is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         end = off + len(buf)
-        if end > MAX_FILE_SIZE:
-            raise pyfuse3.FUSEError(errno.EFBIG)
         try:
+            if end > MAX_FILE_SIZE:
+                raise pyfuse3.FUSEError(errno.EFBIG)
             if self.quota is not None and end > of.inode.size:
                 self.quota(end - of.inode.size, of.inode.ino)
             self._check_disk_space(len(buf))
         except (errors.NoSpace, pyfuse3.FUSEError):
             # The kernel already took these bytes into its page cache and grew
-            # its idea of the size (writeback cache): make it forget both.
+            # its own idea of the size (writeback cache), which it never takes
+            # back from us while it holds the inode. Drop every name of the
+            # file, so the inode goes when the writer closes it and the next
+            # look shows what the store holds; and drop the cached pages.
+            names = self.store.names_of(fh)
+            await trio.to_thread.run_sync(self._drop_names, names)
             self._inval_send.send_nowait((fh, False))
             raise
         n = self.files.write(of, off, buf)
@@ -726,6 +733,19 @@ class VfsdOperations(pyfuse3.Operations):
         s.f_ffree = st.f_ffree
         s.f_favail = st.f_ffree
         s.f_namemax = 255
+        if self.limits is not None:
+            # `df` tells the truth: with a quota, the room is what the quota
+            # leaves (or the disk, if that is less), so tools can see it coming.
+            quota, used, max_files = self.limits()
+            if quota is not None:
+                total = quota // st.f_frsize
+                room = max(quota - used, 0) // st.f_frsize
+                s.f_blocks = min(s.f_blocks, total)
+                s.f_bfree = min(s.f_bfree, room)
+                s.f_bavail = min(s.f_bavail, room)
+            if max_files is not None:
+                s.f_files = max_files
+                s.f_ffree = s.f_favail = max(max_files - counters["files"], 0)
         return s
 
     # --------------------------------------------------------------- xattrs
@@ -765,6 +785,10 @@ class VfsdOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ERANGE)
         if len(value) > 64 * 1024:
             raise pyfuse3.FUSEError(errno.E2BIG)
+        # Attributes take room like content does: they count against the quota.
+        growth = self.store.xattr_growth(ino, name, value)
+        if self.quota is not None and growth > 0:
+            self.quota(growth, ino)
         self.store.set_xattr(ino, name, value)
 
     def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes) -> None:
@@ -822,6 +846,14 @@ class VfsdOperations(pyfuse3.Operations):
                 except trio.WouldBlock:
                     break
             await trio.to_thread.run_sync(self._invalidate, batch)
+
+    @staticmethod
+    def _drop_names(names: list[tuple[int, bytes]]) -> None:
+        for parent, name in names:
+            try:
+                pyfuse3.invalidate_entry(parent, name)
+            except OSError:
+                pass  # not in the kernel's cache
 
     def _invalidate(self, items: set[tuple[int, bool]]) -> None:
         for ino, attr_only in items:

@@ -68,7 +68,7 @@ from pathlib import Path
 
 import lmdb
 
-from . import DEFAULT_INLINE_MAX, errors, filehash
+from . import DEFAULT_INLINE_MAX, compact, errors, filehash
 from .chunks import ChunkStore
 from .content import ContentStore, ref_digest
 from .eventlog import EventLog
@@ -197,6 +197,9 @@ class Store:
     def _open_env(self, readonly: bool, create: bool, map_size: int, sync: bool):
         lmdb_dir = self.dir / "lmdb"
         data_file = lmdb_dir / "data.mdb"
+        if not readonly and ((self.dir / "lmdb.old").exists()
+                             or (self.dir / "lmdb.compact").exists()):
+            compact.recover(self.dir)
         if data_file.exists():
             if data_file.stat().st_size < 2 * 4096:  # not even LMDB's two meta pages
                 raise errors.StoreVersionError(
@@ -897,6 +900,11 @@ class Store:
             return None
         k = cur.key()
         return _U64.unpack(k[12:20])[0], bytes(k[20:])
+
+    def names_of(self, ino: int) -> list[tuple[int, bytes]]:
+        """Every (parent, name) of `ino`."""
+        with self.txn() as txn:
+            return self._names_of(txn, ino)
 
     def _names_of(self, txn, ino: int) -> list[tuple[int, bytes]]:
         """Every (parent, name) of `ino`."""
