@@ -68,6 +68,7 @@ def non_defaults(alt: bool = False) -> dict:
         "entry_timeout": 7.5 if alt else 2.5,
         "max_tasks": 4 if alt else 8,
         "metrics_port": free_port(),
+        "control_idle_timeout": 45.0 if alt else 30.0,
     }
     assert set(values) == set(option_names()), "a new option needs a test value here"
     defaults = Config().as_dict()

@@ -13,7 +13,7 @@ import click
 
 from .client import ControlClient, ControlError, DaemonUnreachable
 from .config import Config, ConfigError, load_config
-from .rundir import RunDir, mount_state, pid_alive
+from .rundir import RunDir, mount_state, pid_alive, remove_stale_mount
 
 MOUNT_TIMEOUT_S = 30.0
 
@@ -55,6 +55,8 @@ def _config_options(fn):
         click.option("--entry-timeout", type=float, help="Kernel entry/attribute cache seconds [3600]."),
         click.option("--max-tasks", type=int, help="FUSE requests handled concurrently [16]."),
         click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT."),
+        click.option("--control-idle-timeout", type=float,
+                     help="Seconds a control connection may stay idle [300]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -63,7 +65,7 @@ def _config_options(fn):
 
 _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
                 "quota_bytes", "max_files", "durability", "log_level", "allow_other",
-                "entry_timeout", "max_tasks", "metrics_port")
+                "entry_timeout", "max_tasks", "metrics_port", "control_idle_timeout")
 
 
 @cli.command()
@@ -145,11 +147,11 @@ def umount(run_dir: Path, timeout: float) -> None:
     if state == "none" and not pid_alive(pid):
         _fail(f"{run.mountpoint} is not mounted")
     if state == "stale":
-        subprocess.run(["fusermount3", "-u", "-z", str(run.mountpoint)], capture_output=True)
+        remove_stale_mount(run.mountpoint)
         click.echo(f"vfsd: removed the stale mount on {run.mountpoint}")
         return
     if state == "live":
-        proc = subprocess.run(["fusermount3", "-u", str(run.mountpoint)],
+        proc = subprocess.run(["fusermount3", "-u", "--", str(run.mountpoint)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             _fail(f"cannot unmount {run.mountpoint}: {proc.stderr.strip()} "
@@ -162,20 +164,36 @@ def umount(run_dir: Path, timeout: float) -> None:
     click.echo(f"vfsd: unmounted {run.mountpoint}")
 
 
-def _client(run: RunDir) -> ControlClient:
-    try:
-        return ControlClient(run.sock)
-    except DaemonUnreachable as exc:
-        _fail(f"{exc}; is {run.path} mounted?")
+def _unreachable(run: RunDir, exc: DaemonUnreachable) -> str:
+    """What to tell the user when the daemon did not answer."""
+    pid = run.read_pid()
+    if pid is not None and not pid_alive(pid):
+        return (f"{exc}: the daemon (pid {pid}) has exited; see {run.log}. "
+                f"`vfsd mount {run.path}` removes the dead mount and mounts again")
+    if pid is None:
+        return f"{exc}; is {run.path} mounted?"
+    return f"{exc}; see {run.log}"
+
+
+def _control_failure(run: RunDir, exc: ControlError) -> str:
+    if exc.code == "not_found":
+        return f"not found: {exc.message}"
+    if exc.code == "busy":
+        return (f"the daemon of {run.path} is saturated ({exc.message}); "
+                "retry in a moment")
+    return exc.message
 
 
 def _call(run_dir: Path, op: str, **args) -> dict:
+    """One control request; any failure ends the command with a clear message."""
     run = RunDir(run_dir)
-    with _client(run) as c:
-        try:
+    try:
+        with ControlClient(run.sock) as c:
             return c.call(op, **args)
-        except ControlError as exc:
-            _fail(exc.message if exc.code != "not_found" else f"not found: {exc.message}")
+    except DaemonUnreachable as exc:
+        _fail(_unreachable(run, exc))
+    except ControlError as exc:
+        _fail(_control_failure(run, exc))
 
 
 @cli.command()
@@ -187,7 +205,9 @@ def status(run_dir: Path, as_json: bool) -> None:
     try:
         with ControlClient(run.sock, timeout=30) as c:
             doc = c.call("stats")
-    except (DaemonUnreachable, ConnectionError, OSError):
+    except ControlError as exc:
+        _fail(_control_failure(run, exc))
+    except DaemonUnreachable:
         from .status import store_status
         from .store import Store
 

@@ -27,7 +27,7 @@ from .fs import VfsdOperations
 from .logs import setup_logging
 from .metrics import start_metrics_server
 from .openfiles import OpenFiles
-from .rundir import RunDir, lock_volume, mount_state
+from .rundir import RunDir, lock_volume, mount_state, remove_stale_mount
 from .store import Store
 
 log = structlog.get_logger("vfsd.daemon")
@@ -74,7 +74,7 @@ class Daemon:
             raise StartupError(f"{mp} is already mounted")
         if state == "stale":
             log.warning("stale_mount_cleaned", mountpoint=str(mp))
-            os.system(f"fusermount3 -u -z {str(mp)!r} >/dev/null 2>&1")
+            remove_stale_mount(mp)
             if mount_state(mp) != "none":
                 raise StartupError(f"{mp} holds a stale mount that could not be removed")
         if mp.exists() and not mp.is_dir():
