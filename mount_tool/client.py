@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import threading
 import time
@@ -19,6 +20,19 @@ MAX_REPLY_BYTES = 64 << 20
 # A daemon whose every connection is busy answers `busy`: wait this long in
 # all (doubling pauses) before giving up with a clear error.
 BUSY_RETRY_SECONDS = (0.1, 0.2, 0.4, 0.8)
+
+
+def _connect(sock: socket.socket, path: Path) -> None:
+    """Connect to `path`, through its directory's fd when the path is longer
+    than a socket address holds (107 bytes)."""
+    if len(os.fsencode(path)) <= 107:
+        sock.connect(os.fspath(path))
+        return
+    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.connect(f"/proc/self/fd/{dir_fd}/{path.name}")
+    finally:
+        os.close(dir_fd)
 
 
 def _error_code(reply: dict[str, Any]) -> str | None:
@@ -138,7 +152,7 @@ class ControlClient:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout)
             try:
-                sock.connect(str(self.socket_path))
+                _connect(sock, self.socket_path)
             except OSError:
                 sock.close()
                 raise

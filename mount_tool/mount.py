@@ -26,19 +26,20 @@ VFSD_CLI = [sys.executable, "-m", "vfsd.cli"]
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.
 PING_WAIT_SECONDS = 10.0
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+_OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
 # What _read_same_inode returns when the inode is there but cannot match the ref.
 _CHANGED = object()
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
     """True when `path` is a mount point in this process's mount namespace."""
-    target = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
+    target = os.fsencode(os.path.realpath(path))
+    # Bytes: a mount point's name need not be UTF-8.
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             # mountinfo escapes space, tab, newline and backslash as \ooo.
-            mount_point = _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), line.split()[4])
-            if mount_point == target:
+            field = line.split(b" ")[4]
+            if _OCTAL_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field) == target:
                 return True
     return False
 

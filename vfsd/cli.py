@@ -13,7 +13,7 @@ import click
 
 from .client import ControlClient, ControlError, DaemonUnreachable
 from .config import Config, ConfigError, load_config
-from .rundir import RunDir, mount_state, pid_alive, remove_stale_mount
+from .rundir import RunDir, mount_state, pid_alive, remove_stale_mount, utf8_problem
 
 MOUNT_TIMEOUT_S = 30.0
 
@@ -89,15 +89,18 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
     if run.path.exists() and not run.path.is_dir():
         _fail(f"{run.path} exists and is not a directory", 2)
     try:
+        store_dir, volume = run.store_location(store)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    problem = utf8_problem(store_dir)
+    if problem is not None:
+        _fail(problem, 2)
+    try:
         if not run.state.exists():
             run.state.mkdir(parents=True, mode=0o700)
             os.chmod(run.state, 0o700)  # mkdir's mode is cut by the umask
     except OSError as exc:
         _fail(f"cannot create {run.state}: {exc}", 2)
-    try:
-        store_dir, volume = run.store_location(store)
-    except ValueError as exc:
-        _fail(str(exc), 2)
     if foreground:
         from .daemon import run_daemon
 
@@ -167,6 +170,10 @@ def umount(run_dir: Path, timeout: float) -> None:
 def _unreachable(run: RunDir, exc: DaemonUnreachable) -> str:
     """What to tell the user when the daemon did not answer."""
     pid = run.read_pid()
+    # A killed process closes its sockets a moment before it is gone.
+    deadline = time.monotonic() + 2.0
+    while pid is not None and pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
     if pid is not None and not pid_alive(pid):
         return (f"{exc}: the daemon (pid {pid}) has exited; see {run.log}. "
                 f"`vfsd mount {run.path}` removes the dead mount and mounts again")

@@ -12,6 +12,8 @@ import json
 import socket
 from pathlib import Path
 
+from .unixpath import reachable_socket_path
+
 #: replies (change lists, eviction logs) may be far larger than requests
 MAX_REPLY = 256 << 20
 
@@ -35,7 +37,8 @@ class ControlClient:
         try:
             # Blocking connect: with a timeout set, a full accept queue fails at
             # once with EAGAIN instead of waiting its turn.
-            self.sock.connect(str(self.path))
+            with reachable_socket_path(self.path) as address:
+                self.sock.connect(address)
         except OSError as exc:
             self.sock.close()
             raise DaemonUnreachable(f"no vfsd answers on {self.path} ({exc.strerror})") from None

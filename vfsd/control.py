@@ -27,6 +27,7 @@ from . import __version__, errors
 from .connslots import IDLE, READING, WORKING, Slot, SlotTable
 from .inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 from .protocol import MAX_REQUEST, ProtocolError, decode_request, encode_reply
+from .unixpath import reachable_socket_path
 
 log = structlog.get_logger("vfsd.control")
 
@@ -115,7 +116,8 @@ class ControlServer:
         # Created owner-only from the start: no window where others can connect.
         old = os.umask(0o177)
         try:
-            await sock.bind(str(self.path))
+            with reachable_socket_path(self.path) as address:
+                await sock.bind(address)
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)

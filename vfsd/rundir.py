@@ -72,7 +72,7 @@ class RunDir:
                 f"{self.path} already uses store {recorded['store']}, not {store}")
         if store == self.state:
             return store, "default"
-        return store, str(self.path)
+        return store, volume_name(self.path)
 
     def record_store(self, store: Path, volume: str) -> None:
         if store == self.state and volume == "default":
@@ -86,6 +86,23 @@ class RunDir:
             return int(self.pidfile.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
+
+
+def volume_name(run_path: Path) -> str:
+    """The volume name of a run dir in a shared store: its path, as text that
+    encodes to UTF-8 (bytes of a non-UTF-8 path are written as \\xNN)."""
+    return os.fsencode(run_path).decode("utf-8", "backslashreplace")
+
+
+def utf8_problem(path: Path) -> str | None:
+    """Why LMDB cannot open a store at `path` (it takes UTF-8 paths only), or None."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        return (f"the store path {shown} is not valid UTF-8, which LMDB requires; "
+                "give --store a directory whose path is UTF-8")
+    return None
 
 
 def pid_alive(pid: int | None) -> bool:
