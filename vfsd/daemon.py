@@ -23,6 +23,7 @@ from . import __version__, ctldir, notify
 from .config import Config
 from .errors import StoreLocked, StoreVersionError
 from .eviction import Evictor
+from .evictlog_view import EvictionLogView
 from .fs import VfsdOperations
 from .logs import setup_logging
 from .metrics import start_metrics_server
@@ -104,10 +105,8 @@ class Daemon:
         self.ops = VfsdOperations(self.store, files, entry_timeout=self.config.entry_timeout,
                                   durability=self.config.durability)
         self.evictor = Evictor(self.store, self.ops, self.config)
-        self.ops.ctl.renderers = {
-            ctldir.FILES[b"status.json"]: self._render_status,
-            ctldir.FILES[b"evicted.ndjson"]: self._render_evicted,
-        }
+        self.ops.ctl.renderers = {ctldir.FILES[b"status.json"]: self._render_status}
+        self.ops.ctl.paged = {ctldir.FILES[b"evicted.ndjson"]: EvictionLogView(self.store)}
         self.ops.quota = self.evictor.reserve
         self.ops.reserve_file = self.evictor.reserve_file
         self.metrics = start_metrics_server(self, self.config.metrics_port)
@@ -116,10 +115,6 @@ class Daemon:
         from .status import live_status
 
         return json.dumps(live_status(self), indent=2).encode() + b"\n"
-
-    def _render_evicted(self) -> bytes:
-        records = self.store.eviction_log(limit=10_000)
-        return b"".join(json.dumps(r).encode() + b"\n" for r in records)
 
     def mount_options(self) -> set[str]:
         opts = {"fsname=vfsd", "subtype=vfsd", "default_permissions"}
