@@ -141,7 +141,7 @@ class VfsdBackend(SandboxBackendProtocol):
         self.offload_threshold_tokens = offload_threshold_tokens
         self.env = {**os.environ, **(env or {}), "VFSD_ROOT": str(self.root)}
         self.shell = shutil.which("bash") or "/bin/sh"
-        self._files = MountFiles(mount.root_fd)
+        self._files = MountFiles(mount.root_fd, lambda p: mount.relative(p.lstrip("/") or "."))
         self._id = f"vfsd-{uuid.uuid4().hex[:8]}"
 
     @property

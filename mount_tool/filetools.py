@@ -84,16 +84,29 @@ def _read_all(fd: int) -> bytes:
 class MountFiles:
     """ls, read, edit, delete, glob, grep and download on one mount root.
 
-    `open_root` is a context manager giving an O_PATH fd of the mount root.
+    `open_root` is a context manager giving an O_PATH fd of the mount root;
+    `resolve` maps a path to its symlink-free form inside the mount (ValueError
+    if it leads outside), as `Mount.relative` does.
     """
 
-    def __init__(self, open_root: Callable) -> None:
+    def __init__(self, open_root: Callable, resolve: Callable[[str], str]) -> None:
         self.open_root = open_root
+        self.resolve = resolve
+
+    def _open(self, virtual: str, flags: int) -> int:
+        with self.open_root() as root:
+            try:
+                return open_beneath(root, virtual, flags)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                # RESOLVE_BENEATH refuses absolute symlinks even when they point
+                # inside: resolve those here, and open again, still beneath.
+                return open_beneath(root, self.resolve(virtual), flags)
 
     @contextmanager
     def _opened(self, virtual: str, flags: int) -> Iterator[int]:
-        with self.open_root() as root:
-            fd = open_beneath(root, virtual, flags)
+        fd = self._open(virtual, flags)
         try:
             yield fd
         finally:
@@ -175,6 +188,8 @@ class MountFiles:
         try:
             with self._opened(virtual, os.O_PATH) as fd:
                 return os.fstat(fd)
+        except ValueError:
+            return None  # leads outside the mount
         except OSError as exc:
             if exc.errno in (errno.EXDEV, errno.ELOOP, errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -212,8 +227,7 @@ class MountFiles:
             return DeleteResult(error="Error: refusing to delete the mount root")
         parent, name = b"/".join(parts[:-1]), parts[-1]
         try:
-            with self.open_root() as root:
-                dir_fd = open_beneath(root, parent, os.O_PATH | os.O_DIRECTORY)
+            dir_fd = self._open(os.fsdecode(b"/" + parent), os.O_PATH | os.O_DIRECTORY)
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
@@ -326,11 +340,10 @@ class MountFiles:
         path = _child(base, rel)
         try:
             if entry.is_symlink():
-                with self.open_root() as root:
-                    fd = open_beneath(root, path, _READ_FLAGS)
+                fd = self._open(path, _READ_FLAGS)
             else:
                 fd = os.open(entry.name, _READ_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             search.failed(path, exc)
             return
         try:

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -244,7 +245,7 @@ def test_changes_since_a_step(run) -> None:
             f.write(b" changed")
         (root / "d").write_bytes(b"new at 2")
         c.call("set_step", step=3)
-        assert os.system(f"rm {root / 'b'} {root / 'sub/c'}") == 0
+        subprocess.run(["rm", "--", root / "b", root / "sub/c"], check=True)
         report = c.call("set_step", step=4)
         assert [r["path"] for r in report["evicted"]] == ["e"]
 

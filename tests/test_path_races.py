@@ -142,6 +142,32 @@ def test_swapped_directory_never_leads_outside(raced):
     assert (m.root / "d" / "new.txt").exists()
 
 
+def test_symlinks_inside_are_followed_and_outside_refused(raced):
+    m, outside = raced
+    b = VfsdBackend(m)
+    os.symlink(m.root / "d", m.root / "abs-in")  # absolute, pointing inside
+    os.symlink("d/secret.txt", m.root / "rel-in")
+    os.symlink(outside / "secret.txt", m.root / "file-out")
+    assert b.read("/abs-in/secret.txt").file_data["content"] == "inside\n"
+    assert b.read("/rel-in").file_data["content"] == "inside\n"
+    assert b.write("/abs-in/w.txt", "through a link").error is None
+    assert (m.root / "d" / "w.txt").read_text() == "through a link"
+    listed = {e["path"]: e["is_dir"] for e in b.ls("/").entries}
+    assert listed["/abs-in/"] is True and listed["/rel-in"] is False
+    assert "/file-out" not in listed and "/swap/" not in listed  # they lead outside
+    assert {g["path"] for g in b.glob("*", "/").matches} >= {"/rel-in", "/d/secret.txt"}
+    assert b.grep("SECRET", "/").matches == []
+    assert b.read("/file-out").error and b.read("/swap/secret.txt").error
+    (down,) = b.download_files(["/file-out"])
+    assert down.content is None and down.error == "invalid_path"
+    assert b.edit("/file-out", "SECRET", "x").error
+    assert b.delete("/swap/victim.txt").error
+    assert b.delete("/file-out").error  # a path that resolves outside is refused whole
+    assert os.path.islink(m.root / "file-out")
+    assert snapshot(outside)["secret.txt"] == SECRET.encode()
+    assert "victim.txt" in snapshot(outside)
+
+
 def test_deep_and_odd_paths_return_errors_not_exceptions(raced):
     m, outside = raced
     b = VfsdBackend(m)
