@@ -50,7 +50,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, NotRequired
 
-from deepagents.backends.filesystem import FilesystemBackend
 from deepagents.backends.protocol import (
     FILE_NOT_FOUND,
     INVALID_PATH,
@@ -75,6 +74,7 @@ from langgraph.channels.delta import DeltaChannel
 from langgraph.types import Command
 
 from .errors import ControlError, MountToolError
+from .filetools import MountFiles
 from .langgraph import files_reducer
 from .mount import Mount
 from .offload import DEFAULT_THRESHOLD_TOKENS, offload_tool_output, safe_file_stem
@@ -108,10 +108,11 @@ class VfsdBackend(SandboxBackendProtocol):
     """deepagents backend whose files live in a vfsd mount, with a shell on it.
 
     File operations follow deepagents' own local-filesystem semantics (glob and
-    grep rules, line windows, error texts) by delegating to a `FilesystemBackend`
-    rooted at the mount in virtual mode, after `Mount.resolve_path` has confined
-    the path. Writes go through `Mount.write`, which checks the daemon's hash of
-    what landed.
+    grep rules, line windows, error texts), but resolve every path beneath the
+    mount root in the same step that uses it (`mount_tool.filetools`), so a
+    symlink swapped in at any moment cannot lead them outside. Writes go
+    through `Mount.write`, which does the same and checks the daemon's hash of
+    what landed. Nothing they do raises: failures are the results' errors.
 
     `execute` runs `command` with bash (sh if absent) in the mount root, stdout
     and stderr merged, in its own process group so a timeout kills everything
@@ -140,7 +141,7 @@ class VfsdBackend(SandboxBackendProtocol):
         self.offload_threshold_tokens = offload_threshold_tokens
         self.env = {**os.environ, **(env or {}), "VFSD_ROOT": str(self.root)}
         self.shell = shutil.which("bash") or "/bin/sh"
-        self._files = FilesystemBackend(root_dir=self.root, virtual_mode=True)
+        self._files = MountFiles(mount.root_fd, lambda p: mount.relative(p.lstrip("/") or "."))
         self._id = f"vfsd-{uuid.uuid4().hex[:8]}"
 
     @property
@@ -166,26 +167,24 @@ class VfsdBackend(SandboxBackendProtocol):
         normalized = os.path.normpath("/" + relative)
         return "/" if normalized in ("/.", "//") else normalized
 
-    def _real(self, virtual: str) -> Path:
-        return self.mount.resolve_path(virtual.lstrip("/") or ".")
-
     # -- BackendProtocol ------------------------------------------------------
+    #
+    # Every file tool resolves its path beneath the mount root in the same step
+    # that uses it (mount_tool.filetools); what fails is the result's error.
 
     def ls(self, path: str) -> LsResult:
         """List the direct children of a directory in the mount."""
         try:
-            virtual = self._confine(path)
-        except ValueError as exc:
-            return LsResult(error=f"Cannot list '{path}': {exc}")
-        return self._files.ls(virtual)
+            return self._files.ls(self._confine(path))
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return LsResult(error=f"Cannot list '{path}': {_reason(exc)}")
 
     def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
         """Read a window of lines (text) or the whole file (binary, base64)."""
         try:
-            virtual = self._confine(file_path)
-        except ValueError as exc:
-            return ReadResult(error=f"Error reading file '{file_path}': {exc}")
-        return self._files.read(virtual, offset, limit)
+            return self._files.read(self._confine(file_path), offset, limit)
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return ReadResult(error=f"Error reading file '{file_path}': {_reason(exc)}")
 
     def grep(
         self,
@@ -197,18 +196,16 @@ class VfsdBackend(SandboxBackendProtocol):
     ) -> GrepResult:
         """Literal (not regex) search in the files under `path` (default: the whole mount)."""
         try:
-            virtual = self._confine(path)
-        except ValueError as exc:
-            return GrepResult(error=f"Error searching path '{path}': {exc}", matches=[])
-        return self._files.grep(pattern, virtual, glob, max_count=max_count)
+            return self._files.grep(pattern, self._confine(path), glob, max_count)
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return GrepResult(error=f"Error searching path '{path}': {_reason(exc)}", matches=[])
 
     def glob(self, pattern: str, path: str | None = None) -> GlobResult:
         """Files matching `pattern` under `path`, with deepagents' glob rules."""
         try:
-            virtual = self._confine(path)
-        except ValueError as exc:
-            return GlobResult(error=f"Error: '{path}': {exc}")
-        return self._files.glob(pattern, virtual)
+            return self._files.glob(pattern, self._confine(path))
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return GlobResult(error=f"Error: '{path}': {_reason(exc)}")
 
     def write(self, file_path: str, content: str) -> WriteResult:
         """Create or overwrite a file (parent directories are created)."""
@@ -217,8 +214,8 @@ class VfsdBackend(SandboxBackendProtocol):
             if virtual == "/":
                 raise IsADirectoryError("/ is the mount root")
             self.mount.write(virtual.lstrip("/"), content)
-        except (ValueError, OSError, ControlError) as exc:
-            return WriteResult(error=f"Error writing file '{file_path}': {exc}")
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return WriteResult(error=f"Error writing file '{file_path}': {_reason(exc)}")
         return WriteResult(path=virtual)
 
     def edit(
@@ -230,20 +227,17 @@ class VfsdBackend(SandboxBackendProtocol):
     ) -> EditResult:
         """Replace `old_string` (unique unless `replace_all`) with `new_string`."""
         try:
-            virtual = self._confine(file_path)
-        except ValueError as exc:
-            return EditResult(error=f"Error editing file '{file_path}': {exc}")
-        return self._files.edit(virtual, old_string, new_string, replace_all)
+            return self._files.edit(self._confine(file_path), old_string, new_string, replace_all)
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return EditResult(error=f"Error editing file '{file_path}': {_reason(exc)}")
 
     def delete(self, file_path: str) -> DeleteResult:
-        """Delete a file, or a directory and everything under it."""
+        """Delete a file, or a directory and everything under it (a symlink is
+        removed itself, never followed)."""
         try:
-            virtual = self._confine(file_path)
-        except ValueError as exc:
-            return DeleteResult(error=f"Error deleting '{file_path}': {exc}")
-        if virtual == "/":
-            return DeleteResult(error="Error: refusing to delete the mount root")
-        return self._files.delete(virtual)
+            return self._files.delete(self._confine(file_path))
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return DeleteResult(error=f"Error deleting '{file_path}': {_reason(exc)}")
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
         """Write each (path, bytes) pair; one response per input, in order."""
@@ -264,12 +258,8 @@ class VfsdBackend(SandboxBackendProtocol):
         responses = []
         for path in paths:
             try:
-                real = self._real(self._confine(path))
-                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd, "rb") as f:
-                    if os.path.isdir(real):
-                        raise IsADirectoryError(path)
-                    responses.append(FileDownloadResponse(path=path, content=f.read()))
+                content = self._files.download(self._confine(path))
+                responses.append(FileDownloadResponse(path=path, content=content))
             except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
                 responses.append(FileDownloadResponse(path=path, error=_error_code(exc)))
         return responses
@@ -378,11 +368,21 @@ def _error_code(exc: Exception) -> str:
         return IS_DIRECTORY
     if isinstance(exc, PermissionError):
         return PERMISSION_DENIED
-    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+    if isinstance(exc, OSError) and exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENAMETOOLONG,
+                                                   errno.EINVAL):
         return INVALID_PATH
     if isinstance(exc, (ValueError, NotADirectoryError, FileExistsError)):
         return INVALID_PATH
     return f"{type(exc).__name__}: {exc}"
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as the text of a tool's error result."""
+    if isinstance(exc, RecursionError):
+        return "the path is too deep"
+    if isinstance(exc, OSError) and exc.errno == errno.EXDEV:
+        return "the path leads outside the mount"
+    return str(exc) or type(exc).__name__
 
 
 # -- the middleware ---------------------------------------------------------------
@@ -592,7 +592,7 @@ class VfsdMiddleware(AgentMiddleware):
                 continue
             path, expected = match.groups()
             try:
-                data = self._real_path(path).read_bytes()
+                data = self.mount.read_bytes(path.lstrip("/"))
             except (OSError, ValueError):
                 data = None
             if data is None or self.mount.hash_of(data) != expected:
@@ -614,13 +614,10 @@ class VfsdMiddleware(AgentMiddleware):
     def _unstage(self, staged: Iterable[str]) -> None:
         for path in staged:
             with contextlib.suppress(OSError, ValueError):
-                self._real_path(path).unlink()
+                self.mount.remove(path.lstrip("/"))
         if staged:
             with contextlib.suppress(OSError, ValueError):
-                self._real_path("/" + STAGING_DIR).rmdir()  # only when empty
-
-    def _real_path(self, virtual: str) -> Path:
-        return self.mount.resolve_path(virtual.lstrip("/"))
+                self.mount.remove(STAGING_DIR, directory=True)  # only when empty
 
     def _with_files(self, result: Any, request: Any, since_step: int) -> Any:
         if request.tool_call.get("name") in READ_ONLY_TOOLS:

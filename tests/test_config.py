@@ -87,6 +87,7 @@ def non_defaults(alt: bool = False) -> dict:
         "remote_readahead_chunks": 2 if alt else 8,
         "remote_cache_bytes": (3 << 30) if alt else (1 << 30),
         "remote_lease_ttl": 12.0 if alt else 20.0,
+        "control_idle_timeout": 45.0 if alt else 30.0,
     }
     assert set(values) == set(option_names()), "a new option needs a test value here"
     defaults = Config().as_dict()

@@ -13,7 +13,7 @@ import click
 
 from .client import ControlClient, ControlError, DaemonUnreachable
 from .config import Config, ConfigError, load_config
-from .rundir import RunDir, mount_state, pid_alive
+from .rundir import RunDir, mount_state, pid_alive, remove_stale_mount, utf8_problem
 
 MOUNT_TIMEOUT_S = 30.0
 
@@ -88,6 +88,8 @@ def _config_options(fn):
                      help="Bound of the local chunk cache of a remote run."),
         click.option("--remote-lease-ttl", type=float,
                      help="Seconds a run's writer lease lives without renewal [30]."),
+        click.option("--control-idle-timeout", type=float,
+                     help="Seconds a control connection may stay idle [300]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -103,7 +105,7 @@ _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_ste
                 "remote_read_timeout", "remote_max_attempts", "remote_retry_base_delay",
                 "remote_retry_max_delay", "remote_workers", "remote_upload_queue",
                 "remote_fetch_timeout", "remote_readahead_chunks", "remote_cache_bytes",
-                "remote_lease_ttl")
+                "remote_lease_ttl", "control_idle_timeout")
 
 
 @cli.command()
@@ -127,15 +129,18 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
     if run.path.exists() and not run.path.is_dir():
         _fail(f"{run.path} exists and is not a directory", 2)
     try:
+        store_dir, volume = run.store_location(store)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    problem = utf8_problem(store_dir)
+    if problem is not None:
+        _fail(problem, 2)
+    try:
         if not run.state.exists():
             run.state.mkdir(parents=True, mode=0o700)
             os.chmod(run.state, 0o700)  # mkdir's mode is cut by the umask
     except OSError as exc:
         _fail(f"cannot create {run.state}: {exc}", 2)
-    try:
-        store_dir, volume = run.store_location(store)
-    except ValueError as exc:
-        _fail(str(exc), 2)
     if foreground:
         from .daemon import run_daemon
 
@@ -185,11 +190,11 @@ def umount(run_dir: Path, timeout: float) -> None:
     if state == "none" and not pid_alive(pid):
         _fail(f"{run.mountpoint} is not mounted")
     if state == "stale":
-        subprocess.run(["fusermount3", "-u", "-z", str(run.mountpoint)], capture_output=True)
+        remove_stale_mount(run.mountpoint)
         click.echo(f"vfsd: removed the stale mount on {run.mountpoint}")
         return
     if state == "live":
-        proc = subprocess.run(["fusermount3", "-u", str(run.mountpoint)],
+        proc = subprocess.run(["fusermount3", "-u", "--", str(run.mountpoint)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             _fail(f"cannot unmount {run.mountpoint}: {proc.stderr.strip()} "
@@ -202,20 +207,40 @@ def umount(run_dir: Path, timeout: float) -> None:
     click.echo(f"vfsd: unmounted {run.mountpoint}")
 
 
-def _client(run: RunDir) -> ControlClient:
-    try:
-        return ControlClient(run.sock)
-    except DaemonUnreachable as exc:
-        _fail(f"{exc}; is {run.path} mounted?")
+def _unreachable(run: RunDir, exc: DaemonUnreachable) -> str:
+    """What to tell the user when the daemon did not answer."""
+    pid = run.read_pid()
+    # A killed process closes its sockets a moment before it is gone.
+    deadline = time.monotonic() + 2.0
+    while pid is not None and pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if pid is not None and not pid_alive(pid):
+        return (f"{exc}: the daemon (pid {pid}) has exited; see {run.log}. "
+                f"`vfsd mount {run.path}` removes the dead mount and mounts again")
+    if pid is None:
+        return f"{exc}; is {run.path} mounted?"
+    return f"{exc}; see {run.log}"
+
+
+def _control_failure(run: RunDir, exc: ControlError) -> str:
+    if exc.code == "not_found":
+        return f"not found: {exc.message}"
+    if exc.code == "busy":
+        return (f"the daemon of {run.path} is saturated ({exc.message}); "
+                "retry in a moment")
+    return exc.message
 
 
 def _call(run_path: Path, op: str, /, **args) -> dict:
+    """One control request; any failure ends the command with a clear message."""
     run = RunDir(run_path)
-    with _client(run) as c:
-        try:
+    try:
+        with ControlClient(run.sock) as c:
             return c.call(op, **args)
-        except ControlError as exc:
-            _fail(exc.message if exc.code != "not_found" else f"not found: {exc.message}")
+    except DaemonUnreachable as exc:
+        _fail(_unreachable(run, exc))
+    except ControlError as exc:
+        _fail(_control_failure(run, exc))
 
 
 @cli.command()
@@ -227,7 +252,9 @@ def status(run_dir: Path, as_json: bool) -> None:
     try:
         with ControlClient(run.sock, timeout=30) as c:
             doc = c.call("stats")
-    except (DaemonUnreachable, ConnectionError, OSError):
+    except ControlError as exc:
+        _fail(_control_failure(run, exc))
+    except DaemonUnreachable:
         from .status import store_status
         from .store import Store
 

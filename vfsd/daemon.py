@@ -23,12 +23,13 @@ from . import __version__, ctldir, notify
 from .config import Config
 from .errors import StoreLocked, StoreVersionError
 from .eviction import Evictor
+from .evictlog_view import EvictionLogView
 from .fs import VfsdOperations
 from .lmdbcheck import check_readable
 from .logs import setup_logging
 from .metrics import start_metrics_server
 from .openfiles import OpenFiles
-from .rundir import RunDir, lock_volume, mount_state
+from .rundir import RunDir, lock_volume, mount_state, remove_stale_mount
 from .snapservice import SnapshotService
 from .snapshots import Snapshots
 from .snapview import SnapshotView
@@ -78,7 +79,7 @@ class Daemon:
             raise StartupError(f"{mp} is already mounted")
         if state == "stale":
             log.warning("stale_mount_cleaned", mountpoint=str(mp))
-            os.system(f"fusermount3 -u -z {str(mp)!r} >/dev/null 2>&1")
+            remove_stale_mount(mp)
             if mount_state(mp) != "none":
                 raise StartupError(f"{mp} holds a stale mount that could not be removed")
         if mp.exists() and not mp.is_dir():
@@ -119,10 +120,8 @@ class Daemon:
         self.snapservice = SnapshotService(self, self.snapshots)
         self.ops.snapview = SnapshotView(self.snapshots, self.ops)
         self.evictor.after_step = self.snapservice.apply_retention
-        self.ops.ctl.renderers = {
-            ctldir.FILES[b"status.json"]: self._render_status,
-            ctldir.FILES[b"evicted.ndjson"]: self._render_evicted,
-        }
+        self.ops.ctl.renderers = {ctldir.FILES[b"status.json"]: self._render_status}
+        self.ops.ctl.paged = {ctldir.FILES[b"evicted.ndjson"]: EvictionLogView(self.store)}
         self.ops.quota = self.evictor.reserve
         self.ops.limits = self.evictor.limits
         self.ops.reserve_file = self.evictor.reserve_file
@@ -132,10 +131,6 @@ class Daemon:
         from .status import live_status
 
         return json.dumps(live_status(self), indent=2).encode() + b"\n"
-
-    def _render_evicted(self) -> bytes:
-        records = self.store.eviction_log(limit=10_000)
-        return b"".join(json.dumps(r).encode() + b"\n" for r in records)
 
     def mount_options(self) -> set[str]:
         opts = {"fsname=vfsd", "subtype=vfsd", "default_permissions"}

@@ -33,6 +33,20 @@ XATTR_PREFIX = b"user.vfsd."
 XATTR_RW = (b"user.vfsd.step", b"user.vfsd.status", b"user.vfsd.pin")
 XATTR_RO = (b"user.vfsd.hash", b"user.vfsd.tier")
 MAX_FILE_SIZE = 1 << 44  # 16 TiB: anything larger is an absurd truncate/write
+#: what mknod may create (directories and symlinks have their own requests)
+_MKNOD_TYPES = frozenset({stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
+
+
+def _parse_step(value: bytes) -> int:
+    """A `user.vfsd.step` value: ASCII decimal digits only (int() would also
+    take "1_000", "+5" and other scripts' digits such as "١٢"), below 2^63."""
+    text = value.strip(b" \t\r\n")
+    if not 0 < len(text) <= 19 or not text.isdigit():  # bytes.isdigit: ASCII only
+        raise pyfuse3.FUSEError(errno.EINVAL)
+    step = int(text)
+    if step >= 1 << 63:
+        raise pyfuse3.FUSEError(errno.EINVAL)
+    return step
 
 
 def _disk_full(exc: BaseException) -> bool:
@@ -226,8 +240,10 @@ class VfsdOperations(pyfuse3.Operations):
             e.st_mode, e.st_nlink = ctldir.DIR_MODE, 2
         else:
             e.st_mode, e.st_nlink = ctldir.FILE_MODE, 1
-            e.st_size = len(self.ctl.render(ino))
-            e.st_blocks = -(-e.st_size // 512)
+            # Size 0, as for /proc files: under the writeback cache the kernel
+            # keeps the first size it hears of a regular file for good, and
+            # these files change all the time. Reads go past it (direct_io),
+            # and tools read to the end when a file says 0.
         return e
 
     def _entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
@@ -405,8 +421,10 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         self._new_name(self._ino(parent_inode), name)
-        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-            raise pyfuse3.FUSEError(errno.EPERM)
+        # Device nodes are metadata only: the mount is `nodev`, so the kernel
+        # refuses to open them; it also checks CAP_MKNOD before asking us.
+        if stat.S_IFMT(mode) not in _MKNOD_TYPES:
+            raise pyfuse3.FUSEError(errno.EINVAL)
         self.counters.creates += 1
         if self.reserve_file is not None and stat.S_ISREG(mode):
             self.reserve_file()
@@ -480,7 +498,8 @@ class VfsdOperations(pyfuse3.Operations):
                 doc = json.dumps(self.attr_document(ino)).encode() + b"\n"
                 return pyfuse3.FileInfo(fh=self.ctl.open_bytes(doc), direct_io=True,
                                         keep_cache=False)
-            return pyfuse3.FileInfo(fh=self.ctl.open(inode), direct_io=True, keep_cache=False)
+            return pyfuse3.FileInfo(fh=await self.ctl.open(inode), direct_io=True,
+                                    keep_cache=False)
         ino = self._ino(inode)
         of = self.files.acquire(ino)
         if not of.inode.is_reg:
@@ -808,13 +827,7 @@ class VfsdOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EINVAL)
             self.set_attrs(ino, pinned=text in ("1", "true"))
         else:
-            try:
-                step = int(text)
-            except ValueError:
-                raise pyfuse3.FUSEError(errno.EINVAL) from None
-            if not 0 <= step < 1 << 63:
-                raise pyfuse3.FUSEError(errno.EINVAL)
-            self.set_attrs(ino, step=step)
+            self.set_attrs(ino, step=_parse_step(value))
 
     @_guard
     async def listxattr(self, inode, ctx):
