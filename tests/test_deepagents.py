@@ -179,9 +179,9 @@ def test_backend_file_operations(mnt):
     assert (mnt.root / "notes/plan.md").read_text() == "one\nTWO\nthree\n"
     assert b.edit("/notes/plan.md", "absent", "x").error
 
-    up = b.upload_files([("/bin/blob.bin", b"\x00\xff" * 10), ("/../escape", b"x")])
+    up = b.upload_files([("/data/blob.bin", b"\x00\xff" * 10), ("/../escape", b"x")])
     assert up[0].error is None and up[1].error == "invalid_path"
-    down = b.download_files(["/bin/blob.bin", "/missing", "/notes"])
+    down = b.download_files(["/data/blob.bin", "/missing", "/notes"])
     assert down[0].content == b"\x00\xff" * 10
     assert [d.error for d in down[1:]] == ["file_not_found", "is_directory"]
 
@@ -198,6 +198,27 @@ def test_backend_file_operations(mnt):
     assert content == "async body" and entries[0]["path"] == "/a/x.txt"
 
 
+def open_files_under(root: Path) -> list[str]:
+    """Paths under `root` that this process holds open."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target == str(root) or target.startswith(f"{root}/"):
+            held.append(target)
+    return held
+
+
+def test_download_of_a_directory_leaves_no_open_file(mnt):
+    """A leaked descriptor would keep the mount busy: `vfsd umount` refuses."""
+    (mnt.root / "adir").mkdir()
+    b = VfsdBackend(mnt)
+    assert [d.error for d in b.download_files(["/adir", "/"])] == ["is_directory"] * 2
+    assert open_files_under(mnt.root) == []
+
+
 def test_backend_confines_paths(mnt, tmp_path):
     b = VfsdBackend(mnt)
     outside = tmp_path / "outside.txt"
@@ -212,10 +233,12 @@ def test_backend_confines_paths(mnt, tmp_path):
     # A real absolute path inside the mount means that file; any other absolute
     # path is a virtual path under the mount root, never the host path.
     assert b.write(str(mnt.root / "inside.txt"), "ok").path == "/inside.txt"
-    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere = Path("/home/vfsd-test-nobody/elsewhere.txt")
     assert b.write(str(elsewhere), "virtual").error is None
     assert not elsewhere.exists()
     assert (mnt.root / str(elsewhere).lstrip("/")).read_text() == "virtual"
+    # Relative paths are refused: the protocol's paths start with '/'.
+    assert "absolute" in b.write("relative.txt", "x").error
 
 
 def test_execute_runs_in_mount_with_timeout_and_cap(mnt):
@@ -223,13 +246,14 @@ def test_execute_runs_in_mount_with_timeout_and_cap(mnt):
     (mnt.root / "in.txt").write_text("from the mount\n")
     res = b.execute("pwd; cat in.txt; echo err >&2; exit 3")
     assert res.exit_code == 3
-    assert res.output.splitlines() == [str(mnt.root), "from the mount", "err"]
+    # The mount root is the sandbox's /; stderr lines are marked.
+    assert res.output.splitlines() == ["/", "from the mount", "[stderr] err", "", "Exit code: 3"]
 
     slow = b.execute("sleep 30; echo never", timeout=1)
     assert slow.exit_code == 124 and "timed out" in slow.output and "never" not in slow.output
 
     capped = b.execute("yes abcdefghi | head -c 200000")
-    assert capped.truncated and "200,000 bytes produced" in capped.output
+    assert capped.truncated and "10,000 of 200,000 bytes kept" in capped.output
     assert len(capped.output) < 12_000
 
 
