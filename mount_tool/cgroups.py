@@ -121,6 +121,15 @@ def _probe(own: Path) -> bool:
     return True
 
 
+def _remove_stale(own: Path) -> None:
+    """Remove per-call groups left by processes that died mid-call (empty by now)."""
+    for path in own.glob("vfsd-*-*-*"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(OSError):  # still busy, or not ours to remove
+                path.rmdir()
+
+
 @functools.cache
 def hierarchies() -> tuple[Hierarchy, ...]:
     """The usable hierarchies, v2 first (found once per process)."""
@@ -146,6 +155,8 @@ def hierarchies() -> tuple[Hierarchy, ...]:
             continue
         found.append(Hierarchy(1, own, frozenset(_V1_CONTROLLERS[c] for c in controllers)))
     found.sort(key=lambda h: h.version != 2)
+    for hierarchy in found:
+        _remove_stale(hierarchy.own)
     return tuple(found)
 
 
@@ -246,9 +257,12 @@ class CallGroup:
 
     def kill(self, wait: float = 5.0) -> bool:
         """SIGKILL everything in the group until it is empty; True when it is."""
-        for path in self.dirs.values():
-            with contextlib.suppress(OSError):
-                (path / "cgroup.kill").write_text("1")  # v2, kernel 5.14+: all at once
+        if not self.dirs or not self.pids():
+            return True
+        for hierarchy, path in self.dirs.items():
+            if hierarchy.version == 2:
+                with contextlib.suppress(OSError):
+                    (path / "cgroup.kill").write_text("1")  # kernel 5.14+: all at once
         deadline = time.monotonic() + wait
         while True:
             left = self.pids()
@@ -261,7 +275,7 @@ class CallGroup:
             for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.005)
+            time.sleep(0.001)
 
     def remove(self) -> None:
         """Remove the group's directories (processes that just died may take a moment)."""

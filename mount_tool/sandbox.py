@@ -42,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -207,12 +208,19 @@ class Sandbox:
                     "(or a file named {name} sits at the root): remount the run dir with this "
                     "version of vfsd."
                 )
-        probe = [binary, *self._namespace_args(), "--ro-bind", "/", "/", "--proc", "/proc",
-                 "--", "/bin/true"]
+        # The options of a real run, so an old bwrap or a missing kernel feature
+        # shows here, once, with bwrap's own words.
+        probe = [binary, *self._bwrap_options(), "--", "/bin/true"]
         try:
             proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"execute is not available: bubblewrap could not be run: {exc}. {INSTALL_HINT}"
+        if "Unknown option" in proc.stderr:
+            return (
+                f"execute is not available: this bubblewrap ({binary}) is too old for the "
+                f"sandbox ({proc.stderr.strip()}); it needs bubblewrap 0.7 or later. "
+                f"{INSTALL_HINT}"
+            )
         if proc.returncode != 0:
             return (
                 "execute is not available: bubblewrap cannot create the sandbox's namespaces "
@@ -377,9 +385,10 @@ class Sandbox:
                     found.append(path)
         return found
 
-    def _bwrap_argv(self, command: str, info_fd: int, block_fd: int) -> list[str]:
-        binary = self._bwrap_path() or self.bwrap
-        argv = [binary, "--die-with-parent", "--new-session", *self._namespace_args(),
+    def _bwrap_options(self, info_fd: int | None = None, block_fd: int | None = None) -> list[str]:
+        """bwrap's options; they reach it through --args, so the sandbox's
+        /proc/1/cmdline does not show host paths."""
+        argv = ["--die-with-parent", "--new-session", *self._namespace_args(),
                 "--cap-drop", "ALL", "--bind", str(self.root), "/"]
         for name in SYSTEM_DIRS:
             if os.path.exists(f"/{name}"):  # follows /bin -> usr/bin: binds the target
@@ -397,31 +406,39 @@ class Sandbox:
             target = os.path.realpath("/etc/resolv.conf")
             if target.startswith("/run/"):
                 argv += ["--ro-bind-try", target, target]
-        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        argv += ["--chdir", "/", "--info-fd", str(info_fd), "--block-fd", str(block_fd),
-                 "--", shell, "-c", command]
+        argv += ["--chdir", "/"]
+        if info_fd is not None and block_fd is not None:
+            argv += ["--info-fd", str(info_fd), "--block-fd", str(block_fd)]
         return argv
 
     def _run_bwrap(self, command: str, wall: float, group: cgroups.CallGroup) -> RunResult:
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
+        args_r, args_w = os.pipe()
+        options = self._bwrap_options(info_w, block_r)
+        # A few KiB at most: fits the pipe, so writing before bwrap reads cannot block.
+        os.write(args_w, b"".join(os.fsencode(a) + b"\0" for a in options))
+        os.close(args_w)
+        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        argv = [self._bwrap_path() or self.bwrap, "--args", str(args_r), "--", shell, "-c", command]
         try:
             proc = subprocess.Popen(  # noqa: S603 - running the agent's command is the point
-                self._bwrap_argv(command, info_w, block_r),
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=self._environment(),
                 cwd="/",
-                pass_fds=(info_w, block_r),
+                pass_fds=(info_w, block_r, args_r),
                 start_new_session=True,
             )
         except OSError as exc:
-            for fd in (info_r, info_w, block_r, block_w):
+            for fd in (info_r, info_w, block_r, block_w, args_r):
                 os.close(fd)
             raise SandboxUnavailable(f"execute could not start bubblewrap: {exc}") from exc
         os.close(info_w)
         os.close(block_r)
+        os.close(args_r)
         sandbox_init = None
         try:
             child = _read_child_pid(info_r)
@@ -445,24 +462,26 @@ class Sandbox:
             os.close(block_w)
 
         def kill() -> None:
-            # The namespace's PID 1 dying takes every process in it along,
-            # before bwrap (our child) sees it exit.
+            # The namespace's PID 1 dying takes every process in it along.
             if sandbox_init is not None:
                 _kill_pidfd(sandbox_init)
             else:
                 proc.kill()
             group.kill()
 
+        def exited() -> None:
+            # bwrap reports the command's exit as soon as it happens; the
+            # namespace is torn down (everything in it killed) when its PID 1
+            # exits right after. Wait for that, so nothing outlives the call.
+            if sandbox_init is not None and not _exited(sandbox_init, 5.0):
+                _kill_pidfd(sandbox_init)
+                _exited(sandbox_init, 5.0)
+            group.kill()
+
         try:
-            return self._supervise(proc, wall, group, kill)
+            return self._supervise(proc, wall, group, kill, exited)
         finally:
             if sandbox_init is not None:
-                # bwrap reports the command's exit as soon as it happens; the
-                # namespace is torn down (everything in it killed) when its PID 1
-                # exits right after. Wait for that, so nothing outlives the call.
-                if not _exited(sandbox_init, 5.0):
-                    _kill_pidfd(sandbox_init)
-                    _exited(sandbox_init, 5.0)
                 os.close(sandbox_init)
 
     def _run_on_host(self, command: str, wall: float, group: cgroups.CallGroup) -> RunResult:
@@ -500,7 +519,8 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
-        return self._supervise(proc, wall, group, kill)
+        # Whatever it left behind goes as soon as it exits.
+        return self._supervise(proc, wall, group, kill, group.kill)
 
     def _set_rlimits(self, pid: int, group: cgroups.CallGroup) -> None:
         lim = self.limits
@@ -514,8 +534,12 @@ class Sandbox:
             resource.prlimit(pid, resource.RLIMIT_NPROC, (lim.processes, lim.processes))
 
     def _supervise(self, proc: subprocess.Popen, wall: float, group: cgroups.CallGroup,
-                   kill: Any) -> RunResult:
-        """Collect output until the command and its pipes are done, enforcing the limits."""
+                   kill: Callable[[], None], exited: Callable[[], None]) -> RunResult:
+        """Collect output until the command and its pipes are done, enforcing the limits.
+
+        `kill` stops the command and everything it started; `exited` runs once
+        the command's process has exited, to end whatever it left behind.
+        """
         assert proc.stdout is not None and proc.stderr is not None
         output = _Output(self.limits.output_bytes)
         streams = {proc.stdout.fileno(): "out", proc.stderr.fileno(): "err"}
@@ -542,9 +566,7 @@ class Sandbox:
                     if fd == exit_fd:
                         poller.unregister(exit_fd)
                         exited_at = time.monotonic()
-                        # Whatever it left behind goes now (isolation="none"; under
-                        # bwrap the namespace took them already).
-                        group.kill()
+                        exited()
                         continue
                     data = os.read(fd, 1 << 16)
                     if data:

@@ -56,6 +56,21 @@ def scripted_model(messages: Iterable[AIMessage]) -> ScriptedChatModel:
     return ScriptedChatModel(messages=iter(list(messages)), profile={"max_input_tokens": 10**9})
 
 
+class RecordingModel:
+    """A scripted model (`.model`) that keeps the messages of every call in `.calls`."""
+
+    def __init__(self, script: list[AIMessage]) -> None:
+        self.calls: list[list[Any]] = []
+        recorder = self
+
+        class _Recording(ScriptedChatModel):
+            def _generate(self, messages, *args, **kwargs):
+                recorder.calls.append(list(messages))
+                return super()._generate(messages, *args, **kwargs)
+
+        self.model = _Recording(messages=iter(script), profile={"max_input_tokens": 10**9})
+
+
 def tool_call(name: str, call_id: str, **args: Any) -> dict[str, Any]:
     return {"name": name, "args": args, "id": call_id, "type": "tool_call"}
 
@@ -359,6 +374,52 @@ def test_subagent_writes_and_deletes_are_seen_by_parent(mnt):
     for key in state["files"]:
         assert state["files"][key] == mnt.ref(key.lstrip("/"))
     assert not (mnt.root / "old.txt").exists()
+
+
+def test_subagent_runs_vfsd_middleware(mnt):
+    """The general-purpose subagent's own large write stays out of its messages."""
+    big = file_body("/sub/big.txt", 50_000)
+    recording = RecordingModel([
+        # parent
+        turn(tool_call("task", "p1", description="write it", subagent_type="general-purpose")),
+        # the subagent
+        turn(tool_call("write_file", "s1", file_path="/sub/big.txt", content=big)),
+        AIMessage(content="written"),
+        # parent again
+        AIMessage(content="done"),
+    ])
+    agent = create_vfsd_deep_agent(mnt, recording.model, checkpointer=InMemorySaver())
+    state = agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "t"}})
+    assert (mnt.root / "sub/big.txt").read_text() == big
+    assert state["files"]["/sub/big.txt"]["hash"] == content_hash(big.encode())
+    assert not (mnt.root / STAGING_DIR).exists()
+    # The subagent's second model call: its own history, with the write_file call compacted.
+    subagent_history = recording.calls[2]
+    call = next(m for m in subagent_history if isinstance(m, AIMessage) and m.tool_calls)
+    assert call.tool_calls[0]["id"] == "s1"
+    assert len(call.tool_calls[0]["args"]["content"]) < 300
+    assert "kept in the mount" in call.tool_calls[0]["args"]["content"]
+    assert all(big not in str(m.content) for m in subagent_history)
+    # The subagent was told the path convention too.
+    assert "share one filesystem" in subagent_history[0].text
+
+
+def test_declared_subagents_get_the_middleware_unless_they_have_it(mnt):
+    from mount_tool.deepagents import VfsdMiddleware, _with_vfsd_middleware
+
+    made = []
+
+    def make():
+        made.append(VfsdMiddleware(mnt))
+        return made[-1]
+
+    plain = {"name": "a", "description": "d", "system_prompt": "p"}
+    assert _with_vfsd_middleware(plain, make)["middleware"] == [made[0]]
+    own = {**plain, "middleware": [VfsdMiddleware(mnt, prompt_note="")]}
+    assert _with_vfsd_middleware(own, make) is own
+    compiled = {"name": "c", "description": "d", "runnable": object()}
+    assert _with_vfsd_middleware(compiled, make) is compiled
+    assert len(made) == 1
 
 
 # What `setfattr -n user.vfsd.status -v done FILE` does, without needing the attr package.
