@@ -26,6 +26,7 @@ test-long: setup
 bench: setup
 	@$(PY) bench/fs_bench.py
 	@$(PY) bench/eviction_bench.py
+	@$(PY) bench/execute_bench.py
 
 bench-quick: setup
 	@$(PY) bench/fs_bench.py --quick

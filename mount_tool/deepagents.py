@@ -9,15 +9,17 @@ Three pieces:
 - `VfsdBackend(mount)` implements deepagents' `SandboxBackendProtocol` on the
   mounted directory: `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`,
   `upload_files`, `download_files` (and their async twins), plus `execute`, a
-  shell command run with the mount root as working directory. Paths are the
-  agent's virtual paths ("/notes/plan.md" is `RUN_DIR/fs/notes/plan.md`) and are
+  shell command run in a sandbox whose `/` is the mount root (mount_tool/
+  sandbox.py). Paths are the agent's paths ("/notes/plan.md" is
+  `RUN_DIR/fs/notes/plan.md`, for the file tools and the shell alike) and are
   confined to the mount before anything is touched.
 - `VfsdMiddleware(mount)` keeps graph state small. It holds a `files` channel of
   ~150-byte FileRefs (kept in step with the mount after every tool call and
   pruned when the daemon evicts), advances the daemon's step once per model
   turn, and keeps large `write_file`/`edit_file` arguments out of the
   conversation (see "Large tool-call arguments" below).
-- `create_vfsd_deep_agent(mount, model, ...)` wires both into `create_deep_agent`.
+- `create_vfsd_deep_agent(mount, model, ...)` wires both into `create_deep_agent`,
+  subagents included.
 
 Large tool-call arguments. A model that writes a 1 MB file puts 1 MB into its
 AIMessage, and LangGraph stores that message in the checkpoint and again in the
