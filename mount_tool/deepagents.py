@@ -214,14 +214,15 @@ class VfsdBackend(SandboxBackendProtocol):
     def _confine(self, path: str | None) -> str:
         """The normalized virtual path of `path`; ValueError if the file tools may not use it.
 
-        Accepts absolute virtual paths ("/a/b", "/" when None or empty) and real
-        absolute paths under the mount root. Refuses relative paths, `..`
-        escapes, NUL bytes, symlinks leading out, and the sandbox's mount points
-        (/tmp, /usr, ...), which inside `execute` are not the run's files.
+        Accepts absolute virtual paths ("/a/b", "/" when None or empty); with
+        isolation="none", whose commands print host paths, also real absolute
+        paths under the mount root. Refuses relative paths, `..` escapes, NUL
+        bytes, symlinks leading out, and the sandbox's mount points (/tmp, /usr,
+        ...), which inside `execute` are not the run's files.
         """
         raw = "/" if path in (None, "") else str(path)
         root = str(self.root)
-        if raw == root or raw.startswith(root + "/"):
+        if self.sandbox.isolation == "none" and (raw == root or raw.startswith(root + "/")):
             raw = raw[len(root) :] or "/"
         if not raw.startswith("/"):
             raise ValueError(f"paths must be absolute (start with '/'), got {raw!r}")

@@ -94,7 +94,7 @@ class ExecLimits:
     """
 
     timeout: float = 120
-    cpu_seconds: float = 120
+    cpu_seconds: float = 600
     memory_bytes: int = 2 << 30
     processes: int = 256
     output_bytes: int = 4 << 20

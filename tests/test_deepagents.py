@@ -245,13 +245,15 @@ def test_backend_confines_paths(mnt, tmp_path):
     assert outside.read_text() == "secret"
     assert b.ls("/../..").error
     assert b.grep("secret", "/link").matches == []
-    # A real absolute path inside the mount means that file; any other absolute
-    # path is a virtual path under the mount root, never the host path.
-    assert b.write(str(mnt.root / "inside.txt"), "ok").path == "/inside.txt"
+    # An absolute path is a path under the mount root, never the host path: the
+    # same file the sandboxed shell sees under that name.
     elsewhere = Path("/home/vfsd-test-nobody/elsewhere.txt")
     assert b.write(str(elsewhere), "virtual").error is None
     assert not elsewhere.exists()
     assert (mnt.root / str(elsewhere).lstrip("/")).read_text() == "virtual"
+    # Unisolated, commands print host paths: the mount's own host path is accepted.
+    unisolated = VfsdBackend(mnt, isolation="none")
+    assert unisolated.write(str(mnt.root / "inside.txt"), "ok").path == "/inside.txt"
     # Relative paths are refused: the protocol's paths start with '/'.
     assert "absolute" in b.write("relative.txt", "x").error
 

@@ -10,8 +10,11 @@ refuses with an error that says what to install.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
+import signal
 import socket
 import threading
 import uuid
@@ -39,8 +42,31 @@ def mnt(run):
     m.detach()
 
 
-def host_processes_with(marker: str) -> list[str]:
-    """Command lines of host processes whose arguments contain `marker`."""
+@pytest.fixture
+def token():
+    """A unique name for the paths a test command writes.
+
+    Should a regression run commands on the host, they would write these host
+    paths: the names collide with nothing, and whatever appeared under them is
+    removed afterwards.
+    """
+    name = f"vfsd-sandbox-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    for parent in ("/", "/usr", "/usr/bin", "/etc", "/tmp"):
+        path = Path(parent, name)
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+
+
+def sleep_marker() -> str:
+    """A unique `sleep` argument of under an hour, to find the process by."""
+    return f"{uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06d}"
+
+
+def host_processes_with(marker: str, kill: bool = True) -> list[str]:
+    """Command lines of host processes whose arguments contain `marker` (then killed)."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -51,6 +77,9 @@ def host_processes_with(marker: str) -> list[str]:
             continue
         if marker in cmdline:
             found.append(f"{pid}: {cmdline}")
+            if kill:  # a regression must not leave them running on a shared machine
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
     return found
 
 
@@ -80,41 +109,41 @@ def test_agent_writes_then_runs_by_absolute_path(mnt):
     assert "share one filesystem" in system.text and "/app/main.py" in system.text
 
 
-def test_file_tools_and_shell_see_the_same_files(mnt):
+def test_file_tools_and_shell_see_the_same_files(mnt, token):
     b = VfsdBackend(mnt)
+    top = f"/{token}"
+    work, links = f"{top}/work", f"{top}/links"
     blob = bytes(range(256)) * 64
-    assert b.write("/work/notes/plan.md", "# plan\n- one\n").error is None
-    assert b.upload_files([("/work/data/blob.bin", blob)])[0].error is None
+    assert b.write(f"{work}/notes/plan.md", "# plan\n- one\n").error is None
+    assert b.upload_files([(f"{work}/data/blob.bin", blob)])[0].error is None
     made = b.execute(
-        "mkdir -p /work/out/deep /links && printf 'from the shell\\n' > '/work/out/deep/é ü.txt'"
-        " && ln -s ../work/notes/plan.md /links/plan.md"
+        f"mkdir -p {work}/out/deep {links} && printf 'from the shell\\n' > "
+        f"'{work}/out/deep/é ü.txt' && ln -s ../work/notes/plan.md {links}/plan.md"
     )
     assert made.exit_code == 0, made.output
     # Listings agree.
-    shell_files = b.execute("cd /work && find . \\( -type f -o -type l \\)").output.split("\n")
-    tool_files = ["./" + m["path"].removeprefix("/work/") for m in b.glob("**/*", "/work").matches]
-    assert sorted(f for f in shell_files if f) == sorted(tool_files), (shell_files, tool_files)
-    assert len(tool_files) == 3
+    found = b.execute(f"cd {work} && find . \\( -type f -o -type l \\)").output.split("\n")
+    globbed = ["." + m["path"].removeprefix(work) for m in b.glob("**/*", work).matches]
+    assert sorted(f for f in found if f) == sorted(globbed), (found, globbed)
+    assert len(globbed) == 3
     # Contents agree, both ways.
-    sums = b.execute("sha256sum /work/data/blob.bin '/work/out/deep/é ü.txt'").output.split("\n")
-    down = b.download_files(["/work/data/blob.bin", "/work/out/deep/é ü.txt"])
-    assert [line.split()[0] for line in sums[:2]] == [
+    sums = b.execute(f"sha256sum {work}/data/blob.bin '{work}/out/deep/é ü.txt'").output
+    down = b.download_files([f"{work}/data/blob.bin", f"{work}/out/deep/é ü.txt"])
+    assert [line.split()[0] for line in sums.split("\n")[:2]] == [
         hashlib.sha256(d.content).hexdigest() for d in down
     ]
     assert down[0].content == blob
-    assert b.read("/links/plan.md").file_data["content"] == "# plan\n- one"
-    assert b.execute("cat /links/plan.md").output == "# plan\n- one\n"
-    assert b.execute("cat /work/notes/plan.md").output == "# plan\n- one\n"
+    assert b.read(f"{links}/plan.md").file_data["content"] == "# plan\n- one"
+    assert b.execute(f"cat {links}/plan.md").output == "# plan\n- one\n"
     # An edit through the file tools is what the shell reads next.
-    assert b.edit("/work/notes/plan.md", "one", "two").error is None
-    assert b.execute("grep -c two /work/notes/plan.md").output.strip() == "1"
+    assert b.edit(f"{work}/notes/plan.md", "one", "two").error is None
+    assert b.execute(f"grep -c two {work}/notes/plan.md").output.strip() == "1"
     # The mount points of the sandbox are not the run's files, for either.
-    assert b.ls("/").error is None
-    assert sorted(e["path"] for e in b.ls("/").entries) == ["/links", "/work"]
-    assert b.execute("ls -A /").output.split() == ["links", "work"]
+    assert [e["path"] for e in b.ls("/").entries] == [top]
+    assert b.execute("ls -A /").output.split() == [token]
 
 
-def test_sandbox_dirs_are_refused_by_the_file_tools_with_a_reason(mnt):
+def test_sandbox_dirs_are_refused_by_the_file_tools_with_a_reason(mnt, token):
     b = VfsdBackend(mnt)
     written = b.write("/tmp/scratch.txt", "x")
     assert "private to each execute call" in written.error
@@ -123,9 +152,9 @@ def test_sandbox_dirs_are_refused_by_the_file_tools_with_a_reason(mnt):
     assert b.upload_files([("/proc/x", b"x")])[0].error == "invalid_path"
     assert b.ls("/dev").error
     # /tmp is private to each call: what one call leaves there, the next does not see.
-    assert b.execute("echo left > /tmp/left.txt && cat /tmp/left.txt").output == "left\n"
+    assert b.execute(f"echo left > /tmp/{token} && cat /tmp/{token}").output == "left\n"
     assert b.execute("ls -A /tmp").output == ""
-    assert not any(n.startswith("left") for n in os.listdir(mnt.root))
+    assert os.listdir(mnt.root) == []
 
 
 def test_the_mount_points_match_the_daemons():
@@ -138,20 +167,20 @@ def test_the_mount_points_match_the_daemons():
 # -- escape attempts ----------------------------------------------------------------
 
 
-def test_cannot_write_or_read_outside_the_runs_files(mnt, tmp_path):
+def test_cannot_write_or_read_outside_the_runs_files(mnt, tmp_path, token):
     canary = tmp_path / "canary"
     canary.mkdir()
     (canary / "secret.txt").write_text("CANARY-SECRET")
     b = VfsdBackend(mnt)
     res = b.execute(
         f"echo pwned > {canary}/written; cat {canary}/secret.txt; "
-        "echo pwned > /usr/pwned; echo pwned > /etc/pwned; echo pwned > /bin/pwned; "
+        f"echo pwned > /usr/{token}; echo pwned > /etc/{token}; echo pwned > /bin/{token}; "
         f"cat /etc/shadow; ls {mnt.root}; echo pwned > /.vfsd/x; echo done"
     )
     assert "done" in res.output
     assert "CANARY-SECRET" not in res.output
     assert not (canary / "written").exists()
-    assert not any(Path(p, "pwned").exists() for p in ("/usr", "/etc", "/bin"))
+    assert not any(Path(p, token).exists() for p in ("/usr", "/etc", "/usr/bin"))
     assert "Read-only file system" in res.output
     assert "/etc/shadow: Permission denied" in res.output
     # The write to the host path went into the sandbox's private /tmp, not the host's.
@@ -169,7 +198,7 @@ def test_cannot_see_or_signal_host_processes(mnt):
     assert "reachable" not in killed.output
 
 
-def test_symlinks_to_host_paths_lead_nowhere(mnt, tmp_path):
+def test_symlinks_to_host_paths_lead_nowhere(mnt, tmp_path, token):
     secret = tmp_path / "host-secret.txt"
     secret.write_text("HOST-SECRET")
     os.symlink(secret, mnt.root / "leak")
@@ -182,7 +211,7 @@ def test_symlinks_to_host_paths_lead_nowhere(mnt, tmp_path):
         assert b.read(name).error and "HOST-SECRET" not in (b.read(name).error or "")
     assert b.download_files(["/leak"])[0].content is None
     # A link the command makes to a host path is just as empty.
-    made = b.execute(f"ln -s {secret} /made-link && cat /made-link; echo done")
+    made = b.execute(f"ln -s {secret} /{token} && cat /{token}; echo done")
     assert "HOST-SECRET" not in made.output
 
 
@@ -200,7 +229,7 @@ def test_fork_bomb_is_bounded_by_the_process_limit(mnt):
 
 def test_detached_processes_are_gone_when_the_call_returns(mnt):
     b = VfsdBackend(mnt)
-    marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"
+    marker = sleep_marker()
     res = b.execute(
         f"setsid sleep 1{marker} & nohup sleep 2{marker} >/dev/null 2>&1 & disown; "
         f"(sleep 3{marker} &); echo started"
@@ -312,6 +341,6 @@ def test_unisolated_mode_is_opt_in_by_name(mnt):
     assert "relative to the working directory" in b.prompt_note()
     # Without a PID namespace, the per-call cgroup still ends detached processes.
     if "cgroup" in b.sandbox_info()["cleanup"]:
-        marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"
+        marker = sleep_marker()
         assert b.execute(f"setsid sleep 1{marker} & echo ok").output == "ok\n"
         assert host_processes_with(marker) == []
