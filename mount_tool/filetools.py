@@ -206,6 +206,12 @@ class MountFiles:
                 # Like the text read above, the edit speaks in "\n" line ends.
                 old = old.replace("\r\n", "\n").replace("\r", "\n")
                 new = new.replace("\r\n", "\n").replace("\r", "\n")
+                count = content.count(old) if old else 0
+                if count > 1 and not replace_all:
+                    return EditResult(
+                        error=f"Error: String '{old}' appears multiple times ({count} in the "
+                        "file). Use replace_all=True to replace all occurrences, or provide "
+                        "a more specific string with surrounding context.")
                 result = perform_string_replacement(content, old, new, replace_all)
                 if isinstance(result, str):
                     return EditResult(error=result)

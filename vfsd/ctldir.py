@@ -1,12 +1,21 @@
-"""The read-only `.vfsd/` directory in the mount root.
+"""Virtual entries of the mount root: `.vfsd/` and the sandbox's mount points.
 
-It lets an agent's shell see the daemon's state with plain tools
-(`cat .vfsd/status.json`, `tail .vfsd/evicted.ndjson`) and the vfsd attributes
+`.vfsd/` lets an agent's shell see the daemon's state with plain tools
+(`cat .vfsd/status.json`, `tail .vfsd/evicted.ndjson`), the vfsd attributes
 of any file (`cat .vfsd/attr/notes/plan.md`: `.vfsd/attr/` mirrors the tree,
 each regular file shown as a JSON document of its step, status, pin, hash,
-tier and extended attributes). The directory and its files are virtual: inode
-numbers far above anything the store allocates, content rendered when a file is
-opened (a snapshot per open handle).
+tier and extended attributes) and retained snapshots (`.vfsd/snapshots/`, see
+`snapview`). The directory and its files are virtual: inode numbers far above
+anything the store allocates, content rendered when a file is opened.
+
+The sandbox directories (`usr`, `etc`, `tmp`, ...) are where mount_tool's
+`execute` sandbox, which makes the mount root its `/`, mounts the system's
+directories, a private /tmp, /proc and /dev. A mount point must exist in the
+tree it is mounted on, and the user's tree must not gain entries for them, so
+they are empty, read-only directories that answer lookups but are left out of
+listings, and no real entry can be created under their names at the root. A
+real entry that already has such a name (made before they were reserved)
+wins over the virtual one.
 """
 
 from __future__ import annotations
@@ -32,7 +41,23 @@ DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 
 
+#: Mount points of the execute sandbox (mount_tool/sandbox.py keeps the same
+#: list): name -> inode number.
+SANDBOX_DIRS = {
+    name: BASE + 0x100 + i
+    for i, name in enumerate(
+        (b"bin", b"dev", b"etc", b"lib", b"lib32", b"lib64", b"libx32", b"proc", b"run",
+         b"sbin", b"tmp", b"usr")
+    )
+}
+SANDBOX_INOS = frozenset(SANDBOX_DIRS.values())
+SANDBOX_DIR_MODE = stat.S_IFDIR | 0o555
+#: Names that cannot become real entries of the root.
+RESERVED = frozenset({NAME, *SANDBOX_DIRS})
+
+
 def is_ctl(ino: int) -> bool:
+    """True for every virtual inode (`.vfsd/`, its files, the sandbox dirs)."""
     return ino >= BASE
 
 
@@ -52,6 +77,11 @@ def mirrored(ino: int) -> int:
 
 #: open handles on `.vfsd/` files at once (ENFILE beyond): bounds snapshot memory
 MAX_HANDLES = 4096
+
+
+def is_dir(ino: int) -> bool:
+    """True for the virtual directories."""
+    return ino == DIR_INO or ino in SANDBOX_INOS
 
 
 class ControlDir:

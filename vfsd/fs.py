@@ -186,9 +186,19 @@ class VfsdOperations(pyfuse3.Operations):
         return ino
 
     def _new_name(self, parent: int, name: bytes) -> None:
-        """Refuse to make a real entry that `.vfsd/` would hide."""
-        if parent == self.root and name == ctldir.NAME:
+        """Refuse to make a real entry under a reserved root name (`.vfsd`, sandbox dirs)."""
+        if parent == self.root and name in ctldir.RESERVED:
             raise pyfuse3.FUSEError(errno.EEXIST)
+
+    def _reserved_missing(self, parent: int, name: bytes) -> pyfuse3.FUSEError:
+        """The error for removing or renaming a reserved root name the store lacks.
+
+        The entry is visible (a virtual directory), so "no such file" would
+        puzzle; it simply cannot be removed.
+        """
+        if parent == self.root and name in ctldir.RESERVED:
+            return pyfuse3.FUSEError(errno.EPERM)
+        return pyfuse3.FUSEError(errno.ENOENT)
 
     def _mirror_lookup(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
         """Lookup below `.vfsd/attr/`: directories and regular files of the tree."""
@@ -223,7 +233,12 @@ class VfsdOperations(pyfuse3.Operations):
         e.st_uid, e.st_gid = root.uid, root.gid
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now_ns()
         e.st_blksize = 4096
-        if ctldir.is_mirror(ino):
+        if ino in ctldir.SANDBOX_INOS:
+            # Never changes: the sandbox stats these on every run, let the kernel keep them.
+            e.attr_timeout = self.entry_timeout
+            e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = root.ctime_ns
+            e.st_mode, e.st_nlink = ctldir.SANDBOX_DIR_MODE, 2
+        elif ctldir.is_mirror(ino):
             # Names below `.vfsd/attr/` follow the real tree, which the kernel
             # does not know they depend on: never cached.
             e.entry_timeout = 0
@@ -306,12 +321,16 @@ class VfsdOperations(pyfuse3.Operations):
             if name == snapview.NAME and self.snapview is not None:
                 return self.snapview.dir_entry()
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if parent_inode in ctldir.SANDBOX_INOS:
+            raise pyfuse3.FUSEError(errno.ENOENT)  # always empty
         if parent_inode == pyfuse3.ROOT_INODE and name == ctldir.NAME:
             return self._ctl_entry(ctldir.DIR_INO)
         parent = self._ino(parent_inode)
         try:
             inode = self.store.lookup(parent, name)
         except errors.NotFound:
+            if parent == self.root and name in ctldir.SANDBOX_DIRS:
+                return self._ctl_entry(ctldir.SANDBOX_DIRS[name])
             # Every name change passes through this mount's kernel, which drops
             # a cached negative entry itself, so "not there" can be cached too:
             # shells probing $PATH and tools probing config files pay once.
@@ -448,14 +467,22 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def unlink(self, parent_inode, name, ctx):
         self.counters.unlinks += 1
-        child = self.store.unlink(self._ino(parent_inode), name)
+        parent = self._ino(parent_inode)
+        try:
+            child = self.store.unlink(parent, name)
+        except errors.NotFound:
+            raise self._reserved_missing(parent, name) from None
         self.files.names_changed(child)
         if child.nlink == 0:
             self._maybe_free(child.ino)
 
     @_guard
     async def rmdir(self, parent_inode, name, ctx):
-        child = self.store.unlink(self._ino(parent_inode), name, rmdir=True)
+        parent = self._ino(parent_inode)
+        try:
+            child = self.store.unlink(parent, name, rmdir=True)
+        except errors.NotFound:
+            raise self._reserved_missing(parent, name) from None
         self._maybe_free(child.ino)
 
     @_guard
@@ -463,10 +490,16 @@ class VfsdOperations(pyfuse3.Operations):
         self._new_name(self._ino(parent_inode_new), name_new)
         if flags & ~(pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE):
             raise pyfuse3.FUSEError(errno.EINVAL)
-        replaced = self.store.rename(
-            self._ino(parent_inode_old), name_old, self._ino(parent_inode_new), name_new,
-            noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE),
-            exchange=bool(flags & pyfuse3.RENAME_EXCHANGE))
+        old_parent = self._ino(parent_inode_old)
+        try:
+            replaced = self.store.rename(
+                old_parent, name_old, self._ino(parent_inode_new), name_new,
+                noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE),
+                exchange=bool(flags & pyfuse3.RENAME_EXCHANGE))
+        except errors.NotFound:
+            if not (old_parent == self.root and name_old in ctldir.RESERVED):
+                raise
+            raise pyfuse3.FUSEError(errno.EPERM) from None
         if replaced is not None:
             self.files.names_changed(replaced)
             if replaced.nlink == 0:
@@ -489,7 +522,7 @@ class VfsdOperations(pyfuse3.Operations):
         if ctldir.is_ctl(inode):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
                 raise pyfuse3.FUSEError(errno.EROFS)
-            if inode == ctldir.DIR_INO:
+            if ctldir.is_dir(inode):
                 raise pyfuse3.FUSEError(errno.EISDIR)
             if ctldir.is_mirror(inode):
                 ino = ctldir.mirrored(inode)
@@ -679,7 +712,7 @@ class VfsdOperations(pyfuse3.Operations):
     async def opendir(self, inode, ctx):
         if inode == snapview.DIR_INO or snapview.is_snap(inode):
             return self._snapview().opendir(inode)
-        if inode == ctldir.DIR_INO:
+        if ctldir.is_dir(inode):
             return inode
         if ctldir.is_mirror(inode):
             if not self._attrs(ctldir.mirrored(inode)).is_dir:
@@ -704,6 +737,8 @@ class VfsdOperations(pyfuse3.Operations):
                 if i >= start_id and not pyfuse3.readdir_reply(token, name, entry, i + 1):
                     return
             return
+        if fh in ctldir.SANDBOX_INOS:
+            return  # always empty
         if ctldir.is_mirror(fh):
             after = start_id
             while batch := self.store.readdir(ctldir.mirrored(fh), after):
