@@ -138,7 +138,7 @@ def test_swapped_directory_never_leads_outside(raced):
     assert not leaked, f"read outside the mount: {leaked[:3]}"
     assert not stray, f"{len(stray)} calls raised instead of returning: {stray[:5]}"
     # Calm again: everything works on the directory itself.
-    assert b.read("/d/secret.txt").file_data["content"] == "inside\n"
+    assert b.read("/d/secret.txt").file_data["content"] == "inside"
     assert (m.root / "d" / "new.txt").exists()
 
 
@@ -148,13 +148,14 @@ def test_symlinks_inside_are_followed_and_outside_refused(raced):
     os.symlink(m.root / "d", m.root / "abs-in")  # absolute, pointing inside
     os.symlink("d/secret.txt", m.root / "rel-in")
     os.symlink(outside / "secret.txt", m.root / "file-out")
-    assert b.read("/abs-in/secret.txt").file_data["content"] == "inside\n"
-    assert b.read("/rel-in").file_data["content"] == "inside\n"
+    assert b.read("/abs-in/secret.txt").file_data["content"] == "inside"
+    assert b.read("/rel-in").file_data["content"] == "inside"
     assert b.write("/abs-in/w.txt", "through a link").error is None
     assert (m.root / "d" / "w.txt").read_text() == "through a link"
     listed = {e["path"]: e["is_dir"] for e in b.ls("/").entries}
-    assert listed["/abs-in/"] is True and listed["/rel-in"] is False
-    assert "/file-out" not in listed and "/swap/" not in listed  # they lead outside
+    # Directories are listed without a trailing "/" (the sandbox contract).
+    assert listed["/abs-in"] is True and listed["/rel-in"] is False
+    assert "/file-out" not in listed and "/swap" not in listed  # they lead outside
     assert {g["path"] for g in b.glob("*", "/").matches} >= {"/rel-in", "/d/secret.txt"}
     assert b.grep("SECRET", "/").matches == []
     assert b.read("/file-out").error and b.read("/swap/secret.txt").error

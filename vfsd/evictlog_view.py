@@ -14,7 +14,7 @@ was opened; records trimmed away under an open handle read as end of file.
 
 The log is read straight from LMDB with the key layout documented in
 `vfsd/store.py` (`evicted`: vol u32 + seq u64 -> JSON record), read-only, one
-short read transaction per batch; `_scan` is the only code that knows it.
+short read transaction per batch (`Store.eviction_page`).
 """
 
 from __future__ import annotations
@@ -39,17 +39,7 @@ def render_record(raw: bytes) -> bytes:
 
 def _scan(store, from_seq: int, limit: int) -> list[tuple[int, bytes]]:
     """Up to `limit` (seq, raw record) of this volume from `from_seq` on."""
-    out: list[tuple[int, bytes]] = []
-    prefix = _VOL_SEQ.pack(store.vol, 0)[:4]
-    with store.begin() as txn:
-        cur = txn.cursor(db=store.db["evicted"])
-        if not cur.set_range(_VOL_SEQ.pack(store.vol, from_seq)):
-            return out
-        for key, val in cur:
-            if key[:4] != prefix or len(out) >= limit:
-                break
-            out.append((_VOL_SEQ.unpack(key)[1], bytes(val)))
-    return out
+    return store.eviction_page(from_seq - 1, limit)
 
 
 class EvictionLogView:

@@ -976,7 +976,7 @@ class Store:
                 if len(name) > MAX_NAME:
                     raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
                 if not inode.is_dir:
-                    raise errors.NotADirectory(part)
+                    raise errors.NotFound(part)  # a symlink or file on the way: no such path
                 raw = txn.get(self._key(inode.ino) + name, db=self.db["dentry"])
                 if raw is None:
                     raise errors.NotFound(part)
