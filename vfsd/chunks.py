@@ -122,6 +122,11 @@ class ChunkStore:
         finally:
             os.close(fd)
 
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of verified chunk content held in memory."""
+        return self._cache_bytes
+
     def is_cached(self, digest: bytes) -> bool:
         return digest in self._cache
 
@@ -143,6 +148,14 @@ class ChunkStore:
             raise CorruptChunk(f"chunk {digest.hex()} is missing") from None
         if chunk_hash(data) != digest:
             raise CorruptChunk(f"chunk {digest.hex()} does not match its hash")
+        return data
+
+    def read_all_path(self, path: Path, digest: bytes) -> bytes:
+        """The bytes of a temporary file that must hash to `digest`."""
+        data = Path(path).read_bytes()
+        os.unlink(path)
+        if chunk_hash(data) != digest:
+            raise CorruptChunk(f"prepared content {digest.hex()} does not match its hash")
         return data
 
     def fsync(self, digests: list[bytes]) -> None:

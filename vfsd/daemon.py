@@ -30,6 +30,7 @@ from .logs import setup_logging
 from .metrics import start_metrics_server
 from .openfiles import OpenFiles
 from .rundir import RunDir, lock_volume, mount_state, remove_stale_mount
+from .settle import Settler
 from .snapservice import SnapshotService
 from .snapshots import Snapshots
 from .snapview import SnapshotView
@@ -115,6 +116,7 @@ class Daemon:
                                   durability=self.config.durability,
                                   xattr_reads=self.config.xattr_reads)
         self.evictor = Evictor(self.store, self.ops, self.config)
+        self.settler = Settler(files)
         self.snapshots = Snapshots(self.store, keep_last=self.config.snapshot_keep_last,
                                    keep_steps=self.config.snapshot_keep_steps)
         self.snapservice = SnapshotService(self, self.snapshots)
@@ -149,6 +151,7 @@ class Daemon:
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             nursery.start_soon(self._fuse_main, nursery.cancel_scope)
             nursery.start_soon(self.ops.run_invalidator)
+            nursery.start_soon(self.settler.run)
             nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
             await trio.sleep(0)
             ready()

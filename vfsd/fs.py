@@ -673,11 +673,15 @@ class VfsdOperations(pyfuse3.Operations):
         self.files.flush(of)
         digests = list(of.unsynced)
         of.unsynced.clear()
-        # fsync is slow and touches only immutable files: a worker thread.
-        await trio.to_thread.run_sync(self._sync_now, digests)
+        # fsync is slow and touches only files the loop does not rewrite
+        # (chunks, and the hot file through its own descriptor): a worker thread.
+        hot = of.inode.ino if of.hot_file else None
+        await trio.to_thread.run_sync(self._sync_now, digests, hot)
 
-    def _sync_now(self, digests: list[bytes]) -> None:
+    def _sync_now(self, digests: list[bytes], hot: int | None = None) -> None:
         self.store.chunks.fsync(digests)
+        if hot is not None:
+            self.store.hot.fsync(self.store.vol, hot)
         self.store.sync()
 
     @_guard

@@ -50,18 +50,29 @@ class SnapshotService:
         self.lock = trio.Lock()
 
     async def _quiesce(self) -> None:
-        """Get programs' writes into the store."""
+        """Get programs' writes into the store, as content objects.
+
+        Hot blocks are hashed in worker threads first; whatever went hot
+        again meanwhile is settled by the caller with `_settle_rest` in the
+        same loop turn as the snapshot or restore itself.
+        """
         try:
             await trio.to_thread.run_sync(syncfs, self.daemon.run.mountpoint)
         except OSError as exc:  # unit tests without a mount
             log.debug("syncfs_failed", error=str(exc))
         self.ops.flush_all()
+        await self.daemon.settler.settle_all()
+
+    def _settle_rest(self) -> None:
+        self.ops.flush_all()
+        self.daemon.settler.settle_rest_now()
 
     # ------------------------------------------------------------- create
 
     async def snapshot(self, *, pinned: bool = False, label: str = "") -> dict:
         async with self.lock:
             await self._quiesce()
+            self._settle_rest()
             rec = self.snaps.create(pinned=pinned, label=label)
             rec["deleted"] = self._retention()
         log.info("snapshot", id=rec["id"], entries=rec["entries"],
@@ -102,6 +113,7 @@ class SnapshotService:
         async with self.lock:
             self.snaps.get(ident)  # a clear error before any work
             await self._quiesce()
+            self._settle_rest()
             res = self.snaps.restore(ident)
             files = self.ops.files
             held_open = [ino for ino in res["inodes"] if ino in files.files]

@@ -61,6 +61,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import errors
+from .content import is_hot
 from .inode import INODE_SIZE, Inode
 from .store import ROOT_INO, Store, dentry_key, inode_key
 
@@ -204,8 +205,11 @@ class Snapshots:
 
     # ------------------------------------------------------ live objects
 
-    def live_value(self, txn, okey: bytes) -> bytes:
-        """The entry value of a live object (b"" when it does not exist)."""
+    def live_value(self, txn, okey: bytes, *, allow_hot: bool = False) -> bytes:
+        """The entry value of a live object (b"" when it does not exist).
+
+        Hot blocks (not content objects) make it an error unless `allow_hot`
+        (a diff may compare them: they differ from any snapshot's)."""
         st = self.store
         if okey[:1] == b"d":
             parent = _U64.unpack(okey[1:9])[0]
@@ -221,8 +225,12 @@ class Snapshots:
             return b""  # an orphan: unreachable, so not part of the tree
         up = st._parent_of(txn, ino) or (0, b"")
         target = txn.get(st._key(ino), db=self.db["link"])
+        blocks = st._block_map(txn, ino) if inode.is_reg else {}
+        if not allow_hot and any(is_hot(r) for r in blocks.values()):
+            # Entries name content objects only: the caller settles hot blocks first.
+            raise errors.StoreError(f"inode {ino} has hot blocks: settle them first")
         return pack_inode_entry(InodeEntry(
-            inode, up[0], up[1], st._block_map(txn, ino) if inode.is_reg else {},
+            inode, up[0], up[1], blocks,
             bytes(target) if target is not None else b"", st._xattrs_of(txn, ino)))
 
     def _live_okeys(self, txn):
@@ -613,7 +621,7 @@ class Snapshots:
                 ino = _U64.unpack(okey[1:9])[0]
                 old = self._inode_at(txn, sa, ino)
                 if sb is None:
-                    raw = self.live_value(txn, okey)
+                    raw = self.live_value(txn, okey, allow_hot=True)
                     new = unpack_inode_entry(ino, raw) if raw else None
                     new_path = st._path_in(txn, ino) if new else None
                 else:
@@ -679,6 +687,7 @@ class Snapshots:
         touched_inodes: list[int] = []
         unlinked: list[int] = []
         freed: list[bytes] = []
+        self.hot_reset: list[int] = []
         with st.txn(write=True) as txn, st.batched_counters(txn):
             rec = self._get(txn, seq)
             okeys = self.changed_since(txn, seq)
@@ -723,6 +732,8 @@ class Snapshots:
             st.set_base(txn)
         st.base_set()
         st._delete_unreferenced(freed)
+        for ino in self.hot_reset:
+            st.hot.delete(st.vol, ino)
         return {"id": snapshot_id(seq), "step": rec["step"], "dentries": list(kernel_names),
                 "inodes": touched_inodes, "unlinked": unlinked,
                 "changed": len(touched_inodes) + len(touched_dentries),
@@ -746,6 +757,10 @@ class Snapshots:
             unlinked.append(ino)
             return []
         e = unpack_inode_entry(ino, target)
+        if txn.get(key, db=self.db["hotino"]) is not None:
+            # The hot file belongs to the content being replaced.
+            txn.delete(key, db=self.db["hotino"])
+            self.hot_reset.append(ino)
         new = e.inode
         new.vol = st.vol
         if old is not None and old.is_reg:
