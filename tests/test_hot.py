@@ -137,7 +137,7 @@ def test_sqlite_on_the_mount_with_a_snapshot_taken_while_it_is_open(run) -> None
     db = sqlite3.connect(run.root / "app.db")
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
-    for i in range(40):
+    for _ in range(40):
         with db:
             db.executemany("INSERT INTO t (v) VALUES (?)",
                            [(os.urandom(200).hex(),) for _ in range(500)])
