@@ -28,7 +28,7 @@ def chunk_hash(data: bytes | bytearray | memoryview) -> bytes:
 class ChunkStore:
     """Chunk files under `root` (the store's `chunks/` directory)."""
 
-    def __init__(self, root: Path, create: bool = True, cache_bytes: int = 32 << 20) -> None:
+    def __init__(self, root: Path, create: bool = True, cache_bytes: int = 16 << 20) -> None:
         self.root = Path(root)
         self.tmp = self.root / "tmp"
         if create:

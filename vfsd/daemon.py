@@ -126,6 +126,7 @@ class Daemon:
         self.ops.ctl.paged = {ctldir.FILES[b"evicted.ndjson"]: EvictionLogView(self.store)}
         self.ops.quota = self.evictor.reserve
         self.ops.limits = self.evictor.limits
+        self.ops.evicted_names = self.evictor.take_invalidations
         self.ops.reserve_file = self.evictor.reserve_file
         self.metrics = start_metrics_server(self, self.config.metrics_port)
 

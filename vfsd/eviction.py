@@ -147,14 +147,6 @@ class Evictor:
         pending, self.pending_invalidations = self.pending_invalidations, []
         return pending
 
-    def invalidate_queued(self) -> None:
-        """Hand invalidations to pyfuse3's own thread (safe inside a FUSE handler)."""
-        for parent, name, ino in self.take_invalidations():
-            try:
-                pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
-            except Exception as exc:  # not mounted (unit tests)
-                log.debug("invalidate_failed", ino=ino, error=str(exc))
-
     @staticmethod
     def invalidate_now(pending: list[tuple[int, bytes, int]]) -> None:
         """Tell the kernel and wait for it; run in a worker thread, never in a handler."""
@@ -188,7 +180,6 @@ class Evictor:
         if self.usage() + grow <= quota:
             return
         self.run(extra_bytes=grow, exclude=ino)
-        self.invalidate_queued()
         if self.usage() + grow > quota:
             self.enospc_total += 1
             log.warning("quota_exceeded", quota_bytes=quota, usage=self.usage(), needed=grow,
@@ -203,7 +194,6 @@ class Evictor:
         if self.store.counters()["files"] < limit:
             return
         self.run(extra_files=1)
-        self.invalidate_queued()
         if self.store.counters()["files"] >= limit:
             self.enospc_total += 1
             log.warning("max_files_exceeded", max_files=limit)

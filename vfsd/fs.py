@@ -157,6 +157,8 @@ class VfsdOperations(pyfuse3.Operations):
         self.reserve_file = None
         # () -> (quota bytes or None, bytes used, max files or None), for statfs.
         self.limits = None
+        # () -> [(parent, name, ino)] that eviction removed and the kernel may cache.
+        self.evicted_names = None
         self._disk_free = 0
         self._disk_checked = 0.0
         self._loading: dict[bytes, trio.Event] = {}  # chunk loads in flight
@@ -388,6 +390,7 @@ class VfsdOperations(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EINVAL)
                 if self.quota is not None and attr.st_size > of.inode.size:
                     self.quota(attr.st_size - of.inode.size, ino)
+                    await self._drop_evicted_names()
                 self.files.truncate(of, attr.st_size)
             finally:
                 if temp:
@@ -406,6 +409,14 @@ class VfsdOperations(pyfuse3.Operations):
             changes["mtime_ns"] = attr.st_mtime_ns
         if changes or fields.update_ctime:
             changes["ctime_ns"] = attr.st_ctime_ns if fields.update_ctime else now_ns()
+            if of is not None and changes.keys() <= _TIMES and of.inode.is_reg:
+                # The kernel's own times of a file it writes back (writeback
+                # cache): they commit with the file's content, at the latest
+                # when it is closed, not in a transaction of their own.
+                for name, value in changes.items():
+                    setattr(of.inode, name, value)
+                of.attr_dirty = True
+                return self._entry(of.inode)
             if of is None and changes.keys() <= _TIMES:
                 current = self.store.get_inode(ino)
                 if current.nlink == 0:
@@ -447,6 +458,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.creates += 1
         if self.reserve_file is not None and stat.S_ISREG(mode):
             self.reserve_file()
+            self._queue_evicted_names()
         inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, ctx.gid, rdev)
         return self._remember(inode)
 
@@ -550,6 +562,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.creates += 1
         if self.reserve_file is not None:
             self.reserve_file()
+            self._queue_evicted_names()
         inode = self.store.create(self._ino(parent_inode), name,
                                   stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid)
         self.files.acquire(inode.ino, inode)
@@ -614,6 +627,7 @@ class VfsdOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EFBIG)
             if self.quota is not None and end > of.inode.size:
                 self.quota(end - of.inode.size, of.inode.ino)
+                await self._drop_evicted_names()
             self._check_disk_space(len(buf))
         except (errors.NoSpace, pyfuse3.FUSEError):
             # The kernel already took these bytes into its page cache and grew
@@ -623,6 +637,7 @@ class VfsdOperations(pyfuse3.Operations):
             # look shows what the store holds; and drop the cached pages.
             names = self.store.names_of(fh)
             await trio.to_thread.run_sync(self._drop_names, names)
+            await self._drop_evicted_names()
             self._inval_send.send_nowait((fh, False))
             raise
         n = self.files.write(of, off, buf)
@@ -847,6 +862,7 @@ class VfsdOperations(pyfuse3.Operations):
         growth = self.store.xattr_growth(ino, name, value)
         if self.quota is not None and growth > 0:
             self.quota(growth, ino)
+            await self._drop_evicted_names()
         self.store.set_xattr(ino, name, value)
 
     def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes) -> None:
@@ -898,6 +914,29 @@ class VfsdOperations(pyfuse3.Operations):
                 except trio.WouldBlock:
                     break
             await trio.to_thread.run_sync(self._invalidate, batch)
+
+    def _queue_evicted_names(self) -> None:
+        """As `_drop_evicted_names`, without waiting: for create and mknod,
+        whose caller holds the directory's lock until we answer, which the
+        kernel needs to drop a name in it."""
+        if self.evicted_names is None:
+            return
+        for parent, name, ino in self.evicted_names():
+            try:
+                pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
+            except Exception as exc:  # not mounted (unit tests)
+                log.debug("invalidate_failed", ino=ino, error=str(exc))
+
+    async def _drop_evicted_names(self) -> None:
+        """Names that quota eviction just removed leave the kernel's cache
+        before this request is answered (from a worker thread: the calls
+        block, and only this request waits)."""
+        if self.evicted_names is None:
+            return
+        pending = self.evicted_names()
+        if pending:
+            await trio.to_thread.run_sync(self._drop_names,
+                                          [(parent, name) for parent, name, _ in pending])
 
     @staticmethod
     def _drop_names(names: list[tuple[int, bytes]]) -> None:

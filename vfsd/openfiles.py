@@ -62,7 +62,7 @@ class OpenFiles:
     """All open regular files of one daemon, keyed by inode number."""
 
     def __init__(self, store: Store, *, chunk_size: int, inline_max: int,
-                 dirty_limit: int = 32 << 20) -> None:
+                 dirty_limit: int = 8 << 20) -> None:
         if inline_max > chunk_size:
             raise ValueError("inline_max must not exceed chunk_size")
         self.store = store
