@@ -63,7 +63,8 @@ from dataclasses import dataclass
 from . import errors
 from .content import is_hot
 from .inode import INODE_SIZE, Inode
-from .store import ROOT_INO, Store, dentry_key, inode_key
+from .keys import dentry_key, inode_key
+from .store import ROOT_INO, Store
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
