@@ -91,6 +91,11 @@ class ContentStore:
         self.chunks = chunks
         self._bump = bump  # store counter update: bump(txn, key, delta, volume=False)
         self.inline_max = inline_max
+        # While held (a snapshot being built from a read view), objects whose
+        # count falls to zero are kept as tombstones, so the build can take
+        # references on what it saw; `release_hold` deletes those still unused.
+        self.holding = 0
+        self.held: set[bytes] = set()
 
     # -------------------------------------------------------------- writing
 
@@ -174,12 +179,15 @@ class ContentStore:
             self._bump(txn, b"chunk_bytes", sign * size, volume=False)
 
     def incref(self, txn, ref: bytes, n: int = 1) -> None:
-        """Take `n` more references on an object that has at least one."""
+        """Take `n` more references on an object that has at least one (or,
+        while held, one kept as a tombstone)."""
         digest = ref_digest(ref)
         raw = txn.get(digest, db=self.db["content"])
-        if raw is None or _RECORD.unpack(raw)[0] == 0:
+        if raw is None or (_RECORD.unpack(raw)[0] == 0 and digest not in self.held):
             raise errors.Corrupt(f"content {digest.hex()} has no references to share")
         count, size, loc = _RECORD.unpack(raw)
+        if count == 0:
+            self._count_object(txn, loc, size, +1)  # back from a held tombstone
         txn.put(digest, _RECORD.pack(count + n, size, loc), db=self.db["content"])
 
     def decref(self, txn, ref: bytes, n: int = 1) -> bytes | None:
@@ -203,12 +211,35 @@ class ContentStore:
             txn.put(digest, _RECORD.pack(count, size, loc), db=db)
             return None
         self._count_object(txn, loc, size, -1)
+        if self.holding:
+            txn.put(digest, _RECORD.pack(0, size, loc), db=db)
+            self.held.add(digest)
+            return None
         if loc == LOC_LMDB:
             txn.delete(digest, db=db)
             txn.delete(digest, db=self.db["blob"])
             return None
         txn.put(digest, _RECORD.pack(0, size, loc), db=db)
         return digest
+
+    def release_hold(self, env_txn_factory) -> None:
+        """End a hold: delete what it kept that nothing references now."""
+        self.holding -= 1
+        if self.holding or not self.held:
+            return
+        held, self.held = self.held, set()
+        db = self.db["content"]
+        with env_txn_factory(write=True) as txn:
+            for digest in held:
+                raw = txn.get(digest, db=db)
+                if raw is None or _RECORD.unpack(raw)[0]:
+                    continue
+                if _RECORD.unpack(raw)[2] == LOC_LMDB:
+                    txn.delete(digest, db=db)
+                    txn.delete(digest, db=self.db["blob"])
+                else:
+                    self.chunks.delete(digest)
+                    txn.delete(digest, db=db)
 
     def apply(self, txn, deltas: Counter) -> list[bytes]:
         """Apply net reference changes {ref: +n/-n}; chunk digests freed.

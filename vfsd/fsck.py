@@ -330,7 +330,7 @@ def _check_snapshots(store: Store, txn, volume: _Volume, rep: FsckReport,
                 if k[:4] != vb:
                     break
                 dirty.add(bytes(k[4:]))
-        live_okeys = set(snaps._live_okeys(txn))
+        live_okeys = {okey for _, _, okey in snaps._live_okeys(txn)}
         for okey in live_okeys | set(entries):
             if okey in dirty:
                 continue

@@ -234,22 +234,112 @@ class Snapshots:
             inode, up[0], up[1], blocks,
             bytes(target) if target is not None else b"", st._xattrs_of(txn, ino)))
 
-    def _live_okeys(self, txn):
-        """Every object of the live tree (for the first snapshot)."""
+    def _live_okeys(self, txn, after: tuple[str, bytes] | None = None):
+        """Every object of the live tree (for the first snapshot), in table
+        order; `after` = (table, key) resumes after that key."""
+        for table, make in (("inode", lambda k: inode_key(_U64.unpack(k[4:12])[0])),
+                            ("dentry", lambda k: dentry_key(_U64.unpack(k[4:12])[0],
+                                                            bytes(k[12:])))):
+            if after is not None and after[0] == "dentry" and table == "inode":
+                continue
+            cur = txn.cursor(db=self.db[table])
+            start = after[1] if after is not None and after[0] == table else self._vb
+            if not cur.set_range(start):
+                continue
+            if after is not None and after[0] == table and cur.key() == after[1]:
+                if not cur.next():
+                    continue
+            for k in cur.iternext(values=False):
+                if k[:4] != self._vb:
+                    break
+                yield table, bytes(k), make(k)
+
+    # -------------------------------------------- a first snapshot, in steps
+
+    # The first snapshot records the whole tree. On a large tree that is
+    # seconds of work, which must not stall the FUSE loop: it is read from
+    # one read-only view (a consistent moment) in a worker thread, written
+    # in short transactions, and published last. Changes made meanwhile are
+    # tracked from the moment of the view on, for the next snapshot; content
+    # the view names stays alive (`ContentStore` hold) until its entries
+    # hold their own references.
+
+    def first_begin(self):
+        """Start tracking and open the view (on the loop); the view's txn."""
         st = self.store
-        cur = txn.cursor(db=self.db["inode"])
-        if cur.set_range(self._vb):
-            for k in cur.iternext(values=False):
-                if k[:4] != self._vb:
+        with st.txn(write=True) as txn:
+            if self._meta(txn, b"snap_seq"):
+                raise SnapshotError("the volume already has snapshots")
+            self._drop_stale_entries(txn)
+            self._clear_dirty(txn)
+            st.set_base(txn)
+        st.forget_marks()
+        st.tracking = True
+        st.base_set()  # the first change from here on says so (`base_changed`)
+        st.content.holding += 1
+        return st.env.begin()
+
+    def _drop_stale_entries(self, txn) -> None:
+        """Entries of a first snapshot that a crash interrupted: nobody reads them."""
+        refs: Counter = Counter()
+        vb = self._vb
+        cur = txn.cursor(db=self.db["sver"])
+        if cur.set_range(vb):
+            while cur.key()[:4] == vb:
+                for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
+                    refs[ref] -= 1
+                if not cur.delete() or not cur.key():
                     break
-                yield inode_key(_U64.unpack(k[4:12])[0])
-        cur = txn.cursor(db=self.db["dentry"])
-        if cur.set_range(self._vb):
-            for k in cur.iternext(values=False):
-                if k[:4] != self._vb:
+        cur = txn.cursor(db=self.db["sgen"])
+        if cur.set_range(vb):
+            while cur.key()[:4] == vb:
+                if not cur.delete() or not cur.key():
                     break
-                yield dentry_key(_U64.unpack(k[4:12])[0], bytes(k[12:]))
-        del st
+        self.store.content.apply(txn, refs)
+
+    def first_read(self, view, after, limit: int):
+        """Up to `limit` (okey, value) of the view, and where to resume (None:
+        done). Safe in a worker thread (the view is used by one thread at a time)."""
+        out = []
+        last = None
+        for table, key, okey in self._live_okeys(view, after):
+            value = self.live_value(view, okey)
+            if value:
+                out.append((okey, value))
+            last = (table, key)
+            if len(out) >= limit:
+                return out, last
+        return out, None
+
+    def first_write(self, items: list[tuple[bytes, bytes]]) -> None:
+        """Write a batch of the first snapshot's entries (on the loop)."""
+        st = self.store
+        refs: Counter = Counter()
+        with st.txn(write=True) as txn:
+            for okey, value in items:
+                self._put_entry(txn, okey, 1, value, refs)
+            st.apply_refs(txn, refs)
+
+    def first_finish(self, view, *, written: int, pinned: bool, label: str) -> dict:
+        """Publish the first snapshot (on the loop); its record."""
+        st = self.store
+        view.abort()
+        with st.txn(write=True) as txn:
+            record = {"seq": 1, "id": snapshot_id(1), "step": st._step(txn),
+                      "created_ns": time.time_ns(), "pinned": bool(pinned), "label": label,
+                      "parent": 0, "entries": written, "run": self._run(txn)}
+            txn.put(self._vb + _U64.pack(1), json.dumps(record).encode(), db=self.db["snap"])
+            self._set_meta(txn, b"snap_seq", 1)
+            self._set_meta(txn, b"snap_base", 1)
+        st.content.release_hold(st.txn)
+        return record
+
+    def first_abort(self, view) -> None:
+        """A first snapshot that failed half way: nothing of it is visible."""
+        st = self.store
+        view.abort()
+        st.tracking = False
+        st.content.release_hold(st.txn)
 
     # ----------------------------------------------------------- versions
 
@@ -322,7 +412,7 @@ class Snapshots:
             last = self._meta(txn, b"snap_seq")
             seq = last + 1
             if last == 0:
-                okeys = list(self._live_okeys(txn))
+                okeys = [okey for _, _, okey in self._live_okeys(txn)]
                 st.tracking = True
             else:
                 okeys = self._dirty_okeys(txn)
