@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -85,6 +87,32 @@ def entry_bytes(store_dir: Path, volume: str, seq: int) -> tuple[int, int]:
         st.close()
 
 
+class StallProbe(threading.Thread):
+    """Lists a directory through the mount in a loop (a readdir and getattrs
+    reach the daemon each time: `ls` bypasses nothing) and keeps the longest
+    wait: how long the FUSE loop was busy with something else."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.longest = 0.0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            t0 = time.perf_counter()
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            os.close(fd)
+            os.statvfs(self.path)  # statfs is never answered from the kernel's caches
+            self.longest = max(self.longest, time.perf_counter() - t0)
+            time.sleep(0.001)
+
+    def stop(self) -> float:
+        self._done.set()
+        self.join()
+        return self.longest
+
+
 def timed_call(client: ControlClient, op: str, **args) -> tuple[float, dict]:
     t0 = time.perf_counter()
     res = client.request(op, **args)
@@ -102,12 +130,17 @@ def run(base: Path, sizes: list[int], changes: list[int]) -> list[dict]:
             write_tree(m.root, n, "v0")
             fill_s = time.perf_counter() - t0
             client = ControlClient(m.socket_path)
+            probe = StallProbe(m.root / "d000")
+            probe.start()
             wall, first = timed_call(client, "snapshot", label="first")
+            stall = probe.stop()
             rows.append({"files": n, "changed": n, "kind": "first snapshot",
                          "daemon_ms": first["duration_ms"], "wall_ms": wall * 1000,
-                         "entries": first["entries"], "fill_s": fill_s})
+                         "entries": first["entries"], "fill_s": fill_s,
+                         "longest_stall_ms": stall * 1000})
             print(f"  {n} files: filled in {fill_s:.1f} s; first snapshot "
-                  f"{first['duration_ms']:.1f} ms ({first['entries']} entries)", flush=True)
+                  f"{first['duration_ms']:.1f} ms ({first['entries']} entries); longest wait "
+                  f"of a FUSE request meanwhile {stall * 1000:.1f} ms", flush=True)
             prev = first["id"]
             for k in changes:
                 if k > n:
@@ -144,7 +177,8 @@ def table(rows: list[dict]) -> str:
            "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if r["kind"] == "first snapshot":
-            out.append(f"| {r['files']:,} | all (first) | {r['daemon_ms']:.1f} / "
+            out.append(f"| {r['files']:,} | all (first; longest FUSE wait meanwhile "
+                       f"{r['longest_stall_ms']:.0f} ms) | {r['daemon_ms']:.1f} / "
                        f"{r['wall_ms']:.1f} ms | {r['entries']:,} | - | - |")
         else:
             out.append(f"| {r['files']:,} | {r['changed']:,} | {r['daemon_ms']:.2f} / "

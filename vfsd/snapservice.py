@@ -73,7 +73,7 @@ class SnapshotService:
     #: a first snapshot of more objects than this is built in steps (see below)
     FIRST_IN_ONE_GO = 5000
     #: objects per step of such a build
-    FIRST_BATCH = 2000
+    FIRST_BATCH = 500
 
     async def snapshot(self, *, pinned: bool = False, label: str = "") -> dict:
         async with self.lock:
