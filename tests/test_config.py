@@ -91,6 +91,7 @@ def non_defaults(alt: bool = False) -> dict:
         "remote_lease_wait": 3.0 if alt else 7.0,
         "remote_full_every": 4 if alt else 8,
         "remote_gc_grace": 60.0 if alt else 600.0,
+        "control_idle_timeout": 45.0 if alt else 30.0,
     }
     assert set(values) == set(option_names()), "a new option needs a test value here"
     defaults = Config().as_dict()

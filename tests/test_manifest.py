@@ -14,7 +14,7 @@ from vfsd.inode import Inode
 from vfsd.manifest import Manifest, ManifestError, decode, encode
 from vfsd.remote import BadResumeSpec, parse_resume_spec
 from vfsd.snapshots import InodeEntry, pack_inode_entry
-from vfsd.store import dentry_key, inode_key
+from vfsd.keys import dentry_key, inode_key
 
 RUN = "0123456789abcdef0123456789abcdef"
 

@@ -287,3 +287,62 @@ TestSnapshotModel = SnapshotMachine.TestCase
 
 def test_snapshot_machine_runs() -> None:
     pytest.importorskip("hypothesis")
+
+
+def test_first_snapshot_in_steps_is_the_tree_at_its_start(tmp_path) -> None:
+    """The first snapshot of a large tree is built from one read view in
+    batches while the tree keeps changing: it holds the tree as it was when it
+    started; the changes made meanwhile go into the next snapshot; content the
+    view named but the live tree dropped meanwhile stays until its entry
+    holds it, then only what nothing needs is freed."""
+    store = Store(tmp_path / "store", chunk_size=CS)
+    files = OpenFiles(store, chunk_size=CS, inline_max=INLINE)
+    snaps = Snapshots(store, keep_last=5, keep_steps=0)
+    try:
+        dirs = [store.create(ROOT_INO, b"d%d" % i, stat.S_IFDIR | 0o755, 0, 0).ino
+                for i in range(5)]
+        inos = []
+        for i in range(60):
+            ino = store.create(dirs[i % 5], b"f%02d" % i, stat.S_IFREG | 0o644, 0, 0).ino
+            of = files.acquire(ino)
+            files.write(of, 0, os.urandom(3 * CS if i % 2 else 100))
+            files.release(of)
+            inos.append(ino)
+        before = live_tree(store, files)
+        view = snaps.first_begin()
+        after = None
+        n = 0
+        written = 0
+        while True:
+            items, after = snaps.first_read(view, after, 7)
+            snaps.first_write(items)
+            written += len(items)
+            # The tree changes between batches: rewrite, delete, create.
+            victim = inos[n]
+            of = files.acquire(victim)
+            files.truncate(of, 0)
+            files.write(of, 0, os.urandom(2 * CS))
+            files.release(of)
+            d, name = dirs[(n + 1) % 5], b"f%02d" % (n + 1)
+            gone = store.unlink(d, name)
+            store.free_inode(gone.ino)
+            store.create(dirs[0], b"new%d" % n, stat.S_IFREG | 0o644, 0, 0)
+            n += 2
+            if after is None:
+                break
+        rec = snaps.first_finish(view, written=written, pinned=False, label="")
+        assert rec["seq"] == 1
+        assert snap_tree(store, snaps, 1) == before
+        assert snaps.state()["changed"] is True
+        now = live_tree(store, files)
+        rec2 = snaps.create()
+        assert snap_tree(store, snaps, 1) == before
+        assert snap_tree(store, snaps, rec2["seq"]) == now
+        rep = fsck(store, verify=True)
+        assert rep.clean, rep.problems
+        for ino in snaps.restore("s1")["unlinked"]:
+            store.free_inode(ino)
+        assert live_tree(store, files) == before
+        assert fsck(store, verify=True).clean
+    finally:
+        store.close()

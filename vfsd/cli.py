@@ -13,7 +13,7 @@ import click
 
 from .client import ControlClient, ControlError, DaemonUnreachable
 from .config import Config, ConfigError, load_config
-from .rundir import RunDir, mount_state, pid_alive
+from .rundir import RunDir, mount_state, pid_alive, remove_stale_mount, utf8_problem
 
 MOUNT_TIMEOUT_S = 30.0
 
@@ -98,6 +98,8 @@ def _config_options(fn):
                      help="Publish a full manifest every N publications [16]."),
         click.option("--remote-gc-grace", type=float,
                      help="Bucket GC never deletes chunks younger than this [3600]."),
+        click.option("--control-idle-timeout", type=float,
+                     help="Seconds a control connection may stay idle [300]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -113,7 +115,8 @@ _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_ste
                 "remote_read_timeout", "remote_max_attempts", "remote_retry_base_delay",
                 "remote_retry_max_delay", "remote_workers", "remote_upload_queue",
                 "remote_fetch_timeout", "remote_readahead_chunks", "remote_cache_bytes",
-                "remote_lease_ttl", "remote_lease_wait", "remote_full_every", "remote_gc_grace")
+                "remote_lease_ttl", "remote_lease_wait", "remote_full_every", "remote_gc_grace",
+                "control_idle_timeout")
 
 
 @cli.command()
@@ -151,15 +154,18 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
     if run.path.exists() and not run.path.is_dir():
         _fail(f"{run.path} exists and is not a directory", 2)
     try:
+        store_dir, volume = run.store_location(store)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    problem = utf8_problem(store_dir)
+    if problem is not None:
+        _fail(problem, 2)
+    try:
         if not run.state.exists():
             run.state.mkdir(parents=True, mode=0o700)
             os.chmod(run.state, 0o700)  # mkdir's mode is cut by the umask
     except OSError as exc:
         _fail(f"cannot create {run.state}: {exc}", 2)
-    try:
-        store_dir, volume = run.store_location(store)
-    except ValueError as exc:
-        _fail(str(exc), 2)
     if foreground:
         from .daemon import run_daemon
 
@@ -227,11 +233,11 @@ def umount(run_dir: Path, timeout: float) -> None:
     if state == "none" and not pid_alive(pid):
         _fail(f"{run.mountpoint} is not mounted")
     if state == "stale":
-        subprocess.run(["fusermount3", "-u", "-z", str(run.mountpoint)], capture_output=True)
+        remove_stale_mount(run.mountpoint)
         click.echo(f"vfsd: removed the stale mount on {run.mountpoint}")
         return
     if state == "live":
-        proc = subprocess.run(["fusermount3", "-u", str(run.mountpoint)],
+        proc = subprocess.run(["fusermount3", "-u", "--", str(run.mountpoint)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             _fail(f"cannot unmount {run.mountpoint}: {proc.stderr.strip()} "
@@ -244,21 +250,40 @@ def umount(run_dir: Path, timeout: float) -> None:
     click.echo(f"vfsd: unmounted {run.mountpoint}")
 
 
-def _client(run: RunDir) -> ControlClient:
-    try:
-        return ControlClient(run.sock)
-    except DaemonUnreachable as exc:
-        _fail(f"{exc}; is {run.path} mounted?")
+def _unreachable(run: RunDir, exc: DaemonUnreachable) -> str:
+    """What to tell the user when the daemon did not answer."""
+    pid = run.read_pid()
+    # A killed process closes its sockets a moment before it is gone.
+    deadline = time.monotonic() + 2.0
+    while pid is not None and pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if pid is not None and not pid_alive(pid):
+        return (f"{exc}: the daemon (pid {pid}) has exited; see {run.log}. "
+                f"`vfsd mount {run.path}` removes the dead mount and mounts again")
+    if pid is None:
+        return f"{exc}; is {run.path} mounted?"
+    return f"{exc}; see {run.log}"
+
+
+def _control_failure(run: RunDir, exc: ControlError) -> str:
+    if exc.code == "not_found":
+        return f"not found: {exc.message}"
+    if exc.code == "busy":
+        return (f"the daemon of {run.path} is saturated ({exc.message}); "
+                "retry in a moment")
+    return exc.message
 
 
 def _call(run_path: Path, op: str, /, client_timeout: float = 60.0, **args) -> dict:
+    """One control request; any failure ends the command with a clear message."""
     run = RunDir(run_path)
-    with _client(run) as c:
-        c.sock.settimeout(client_timeout)
-        try:
+    try:
+        with ControlClient(run.sock, timeout=client_timeout) as c:
             return c.call(op, **args)
-        except ControlError as exc:
-            _fail(exc.message if exc.code != "not_found" else f"not found: {exc.message}")
+    except DaemonUnreachable as exc:
+        _fail(_unreachable(run, exc))
+    except ControlError as exc:
+        _fail(_control_failure(run, exc))
 
 
 @cli.command()
@@ -270,7 +295,9 @@ def status(run_dir: Path, as_json: bool) -> None:
     try:
         with ControlClient(run.sock, timeout=30) as c:
             doc = c.call("stats")
-    except (DaemonUnreachable, ConnectionError, OSError):
+    except ControlError as exc:
+        _fail(_control_failure(run, exc))
+    except DaemonUnreachable:
         from .status import store_status
         from .store import Store
 
@@ -405,8 +432,10 @@ def sync(run_dir: Path, snapshot_id: str | None, take: bool, timeout: float,
 @click.option("--dry-run", is_flag=True, help="Report what would go; delete nothing.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML file with the remote_* options (endpoint, credentials...).")
+@click.option("--compact", "do_compact", is_flag=True,
+              help="Also shrink the LMDB file to what it holds (no daemon may use the store).")
 def gc(run_dir: Path | None, remote_url: str | None, bucket: bool, grace: float | None,
-       dry_run: bool, config_path: Path | None) -> None:
+       dry_run: bool, config_path: Path | None, do_compact: bool) -> None:
     """Remove unreferenced chunks: from RUN_DIR's store, or from a bucket.
 
     `vfsd gc RUN_DIR` cleans the local store; `vfsd gc --remote s3://B/P`
@@ -426,14 +455,34 @@ def gc(run_dir: Path | None, remote_url: str | None, bucket: bool, grace: float 
         click.echo(json.dumps(_call(run_dir, "gc", client_timeout=3600, **args)))
         return
     if pid_alive(run.read_pid()):
+        if do_compact:
+            _fail(f"{run.path} is mounted: unmount it to compact its store")
         result = _call(run_dir, "gc")
     else:
+        from .errors import StoreLocked, StoreVersionError
+        from .fsck import lock_all
         from .store import Store
 
         store_dir, volume = run.store_location()
-        st = Store(store_dir, volume, create=False)
-        result = st.gc_chunks(min_temp_age_s=0)
-        st.close()
+        try:
+            st = Store(store_dir, volume, create=False)
+        except StoreVersionError as exc:
+            _fail(str(exc))
+        try:
+            locks = lock_all(st) if do_compact else []
+        except StoreLocked as exc:
+            st.close()
+            _fail(f"{exc}; unmount it to compact the store")
+        try:
+            result = st.gc_chunks(min_temp_age_s=0)
+            st.close()
+            if do_compact:
+                from .compact import compact
+
+                result.update(compact(store_dir))
+        finally:
+            for fd in locks:
+                os.close(fd)
     click.echo(json.dumps(result))
 
 

@@ -69,6 +69,7 @@ class Config:
     remote_readahead_chunks: int = 4
     remote_cache_bytes: int | None = None
     remote_lease_ttl: float = 30.0
+    control_idle_timeout: float = 300.0
     #: seconds `vfsd mount` waits for another worker's lease to lapse (None: ttl + 5)
     remote_lease_wait: float | None = None
     #: a full manifest every N publications (deltas in between)
@@ -103,6 +104,11 @@ class Config:
         if isinstance(self.entry_timeout, bool) or \
                 not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
             raise ConfigError("entry_timeout must be a non-negative number of seconds")
+        if isinstance(self.control_idle_timeout, bool) or \
+                not isinstance(self.control_idle_timeout, int | float) or \
+                not 0 < self.control_idle_timeout <= 86400:
+            raise ConfigError("control_idle_timeout must be a number of seconds, "
+                              "above 0 and at most 86400")
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be between 1 and 65535, got {self.metrics_port}")
         if self.max_tasks < 1:

@@ -10,7 +10,10 @@ file, snapshot and volume of the store that has the same bytes.
 A block reference, as the `block` database and snapshot entries store it, is
 17 bytes: the digest, then one location byte (`LOC_FILE` or `LOC_LMDB`). A
 digest's location never changes while it has references, so the copy in the
-reference is always right; readers need no lookup to find the bytes.
+reference is always right; readers need no lookup to find the bytes. A live
+block may instead be hot (`HOT_REF`: its bytes are in the inode's hot file,
+see `hotfiles`); a hot block names no object and holds no reference, and
+snapshot entries never hold one.
 
 The records (`content` and `blob` databases) are described in `store`; this
 module owns every change to them. A new chunk file is also recorded as
@@ -21,7 +24,9 @@ to their name are never served (`CorruptChunk`, EIO).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import struct
 from collections import Counter
 
@@ -32,7 +37,10 @@ from .chunks import ChunkStore, chunk_hash
 
 LOC_FILE = 0
 LOC_LMDB = 1
+#: not a content object: the block's bytes are in the inode's hot file (`hotfiles`)
+LOC_HOT = 2
 REF_LEN = 17
+HOT_REF = bytes(16) + bytes((LOC_HOT,))
 #: refcount u64 + size u32 + location u8
 _RECORD = struct.Struct(">QIB")
 
@@ -47,6 +55,10 @@ def ref_digest(ref: bytes) -> bytes:
 
 def ref_loc(ref: bytes) -> int:
     return ref[16]
+
+
+def is_hot(ref: bytes) -> bool:
+    return ref[16] == LOC_HOT
 
 
 def unpack_record(raw: bytes) -> tuple[int, int, int]:
@@ -86,6 +98,11 @@ class ContentStore:
         # it commits (the remote tier queues uploads and bounds its cache).
         self.created: list[tuple[bytes, int]] = []
         self.removed: list[bytes] = []
+        # While held (a snapshot being built from a read view), objects whose
+        # count falls to zero are kept as tombstones, so the build can take
+        # references on what it saw; `release_hold` deletes those still unused.
+        self.holding = 0
+        self.held: set[bytes] = set()
 
     # -------------------------------------------------------------- writing
 
@@ -120,6 +137,44 @@ class ContentStore:
         txn.put(digest, _RECORD.pack(1, len(data), loc), db=db)
         return make_ref(digest, loc)
 
+    def put_settled(self, txn, digest: bytes, size: int, *, data: bytes | None = None,
+                    tmp=None) -> bytes:
+        """Take one reference on the object `digest`, whose bytes were hashed and
+        (for a chunk) written to the temporary file `tmp` off the loop; small
+        objects come as `data`. Returns the block reference. `tmp` is used or
+        removed."""
+        try:
+            db = self.db["content"]
+            raw = txn.get(digest, db=db)
+            if raw is not None:
+                count, rsize, loc = _RECORD.unpack(raw)
+                if count > 0:
+                    txn.put(digest, _RECORD.pack(count + 1, rsize, loc), db=db)
+                    return make_ref(digest, loc)
+            else:
+                loc = LOC_LMDB if data is not None else LOC_FILE
+            if loc == LOC_LMDB:
+                if data is None:
+                    data = self.chunks.read_all_path(tmp, digest)
+                    tmp = None
+                txn.put(digest, data, db=self.db["blob"])
+            elif raw is None or not self.chunks.exists(digest):
+                if tmp is None:
+                    self._write_file(digest, data)
+                else:
+                    self.chunks.install(tmp, digest)
+                    tmp = None
+            if loc == LOC_FILE:
+                remotestate.add_pending(txn, self.db, self._bump, digest, size)
+                self.created.append((digest, size))
+            self._count_object(txn, loc, size, +1)
+            txn.put(digest, _RECORD.pack(1, size, loc), db=db)
+            return make_ref(digest, loc)
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
     def _write_file(self, digest: bytes, data) -> None:
         try:
             self.chunks.put(digest, data)
@@ -137,12 +192,15 @@ class ContentStore:
             self._bump(txn, b"chunk_bytes", sign * size, volume=False)
 
     def incref(self, txn, ref: bytes, n: int = 1) -> None:
-        """Take `n` more references on an object that has at least one."""
+        """Take `n` more references on an object that has at least one (or,
+        while held, one kept as a tombstone)."""
         digest = ref_digest(ref)
         raw = txn.get(digest, db=self.db["content"])
-        if raw is None or _RECORD.unpack(raw)[0] == 0:
+        if raw is None or (_RECORD.unpack(raw)[0] == 0 and digest not in self.held):
             raise errors.Corrupt(f"content {digest.hex()} has no references to share")
         count, size, loc = _RECORD.unpack(raw)
+        if count == 0:
+            self._count_object(txn, loc, size, +1)  # back from a held tombstone
         txn.put(digest, _RECORD.pack(count + n, size, loc), db=self.db["content"])
 
     def decref(self, txn, ref: bytes, n: int = 1) -> bytes | None:
@@ -151,6 +209,8 @@ class ContentStore:
         An inline object is deleted at once (same transaction); a chunk file
         stays as a tombstone until `delete_unreferenced` runs after commit.
         """
+        if is_hot(ref):
+            return None
         digest = ref_digest(ref)
         db = self.db["content"]
         raw = txn.get(digest, db=db)
@@ -164,6 +224,10 @@ class ContentStore:
             txn.put(digest, _RECORD.pack(count, size, loc), db=db)
             return None
         self._count_object(txn, loc, size, -1)
+        if self.holding:
+            txn.put(digest, _RECORD.pack(0, size, loc), db=db)
+            self.held.add(digest)
+            return None
         if loc == LOC_LMDB:
             txn.delete(digest, db=db)
             txn.delete(digest, db=self.db["blob"])
@@ -198,6 +262,27 @@ class ContentStore:
         self._count_object(txn, loc, size, +1)
         txn.put(digest, _RECORD.pack(n, size, loc), db=db)
 
+    def release_hold(self, env_txn_factory) -> None:
+        """End a hold: delete what it kept that nothing references now."""
+        self.holding -= 1
+        if self.holding or not self.held:
+            return
+        held, self.held = self.held, set()
+        db = self.db["content"]
+        with env_txn_factory(write=True) as txn:
+            for digest in held:
+                raw = txn.get(digest, db=db)
+                if raw is None or _RECORD.unpack(raw)[0]:
+                    continue
+                if _RECORD.unpack(raw)[2] == LOC_LMDB:
+                    txn.delete(digest, db=db)
+                    txn.delete(digest, db=self.db["blob"])
+                else:
+                    self.chunks.delete(digest)
+                    txn.delete(digest, db=db)
+                    remotestate.drop(txn, self.db, self._bump, digest)
+                    self.removed.append(digest)
+
     def apply(self, txn, deltas: Counter) -> list[bytes]:
         """Apply net reference changes {ref: +n/-n}; chunk digests freed.
 
@@ -227,7 +312,7 @@ class ContentStore:
     # -------------------------------------------------------------- reading
 
     def is_cached(self, ref: bytes) -> bool:
-        return ref_loc(ref) == LOC_LMDB or self.chunks.is_cached(ref_digest(ref))
+        return ref_loc(ref) != LOC_FILE or self.chunks.is_cached(ref_digest(ref))
 
     def read(self, txn_source, ref: bytes, offset: int, length: int) -> bytes:
         """Bytes of an object, verified against its name.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from pathlib import Path
 
 import pyfuse3
@@ -50,25 +51,70 @@ class SnapshotService:
         self.lock = trio.Lock()
 
     async def _quiesce(self) -> None:
-        """Get programs' writes into the store."""
+        """Get programs' writes into the store, as content objects.
+
+        Hot blocks are hashed in worker threads first; whatever went hot
+        again meanwhile is settled by the caller with `_settle_rest` in the
+        same loop turn as the snapshot or restore itself.
+        """
         try:
             await trio.to_thread.run_sync(syncfs, self.daemon.run.mountpoint)
         except OSError as exc:  # unit tests without a mount
             log.debug("syncfs_failed", error=str(exc))
         self.ops.flush_all()
+        await self.daemon.settler.settle_all()
+
+    def _settle_rest(self) -> None:
+        self.ops.flush_all()
+        self.daemon.settler.settle_rest_now()
 
     # ------------------------------------------------------------- create
+
+    #: a first snapshot of more objects than this is built in steps (see below)
+    FIRST_IN_ONE_GO = 5000
+    #: objects per step of such a build
+    FIRST_BATCH = 500
 
     async def snapshot(self, *, pinned: bool = False, label: str = "") -> dict:
         async with self.lock:
             await self._quiesce()
-            rec = self.snaps.create(pinned=pinned, label=label)
+            self._settle_rest()
+            if not self.store.tracking and \
+                    self.store.counters()["inodes_allocated"] > self.FIRST_IN_ONE_GO:
+                rec = await self._first_in_steps(pinned, label)
+            else:
+                rec = self.snaps.create(pinned=pinned, label=label)
             rec["deleted"] = self._retention()
         remote = getattr(self.daemon, "remote", None)
         if remote is not None:
             remote.kick()  # published in the background (vfsd.publisher)
         log.info("snapshot", id=rec["id"], entries=rec["entries"],
                  duration_ms=rec["duration_ms"], deleted=rec["deleted"])
+        return rec
+
+    async def _first_in_steps(self, pinned: bool, label: str) -> dict:
+        """The first snapshot of a large tree: read from one consistent view in
+        worker threads, written a batch per short transaction, so the FUSE
+        loop keeps answering (`Snapshots.first_begin`)."""
+        t0 = time.perf_counter()
+        snaps = self.snaps
+        view = snaps.first_begin()
+        written = 0
+        try:
+            after = None
+            while True:
+                items, after = await trio.to_thread.run_sync(
+                    snaps.first_read, view, after, self.FIRST_BATCH)
+                snaps.first_write(items)
+                written += len(items)
+                if after is None:
+                    break
+            rec = snaps.first_finish(view, written=written, pinned=pinned, label=label)
+        except BaseException:
+            snaps.first_abort(view)
+            raise
+        rec["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        rec["in_steps"] = True
         return rec
 
     def _retention(self) -> list[str]:
@@ -105,6 +151,7 @@ class SnapshotService:
         async with self.lock:
             self.snaps.get(ident)  # a clear error before any work
             await self._quiesce()
+            self._settle_rest()
             res = self.snaps.restore(ident)
             files = self.ops.files
             held_open = [ino for ino in res["inodes"] if ino in files.files]

@@ -61,8 +61,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import errors
+from .content import is_hot
 from .inode import INODE_SIZE, Inode
-from .store import ROOT_INO, Store, dentry_key, inode_key
+from .keys import dentry_key, inode_key
+from .store import ROOT_INO, Store
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -204,8 +206,11 @@ class Snapshots:
 
     # ------------------------------------------------------ live objects
 
-    def live_value(self, txn, okey: bytes) -> bytes:
-        """The entry value of a live object (b"" when it does not exist)."""
+    def live_value(self, txn, okey: bytes, *, allow_hot: bool = False) -> bytes:
+        """The entry value of a live object (b"" when it does not exist).
+
+        Hot blocks (not content objects) make it an error unless `allow_hot`
+        (a diff may compare them: they differ from any snapshot's)."""
         st = self.store
         if okey[:1] == b"d":
             parent = _U64.unpack(okey[1:9])[0]
@@ -221,26 +226,120 @@ class Snapshots:
             return b""  # an orphan: unreachable, so not part of the tree
         up = st._parent_of(txn, ino) or (0, b"")
         target = txn.get(st._key(ino), db=self.db["link"])
+        blocks = st._block_map(txn, ino) if inode.is_reg else {}
+        if not allow_hot and any(is_hot(r) for r in blocks.values()):
+            # Entries name content objects only: the caller settles hot blocks first.
+            raise errors.StoreError(f"inode {ino} has hot blocks: settle them first")
         return pack_inode_entry(InodeEntry(
-            inode, up[0], up[1], st._block_map(txn, ino) if inode.is_reg else {},
+            inode, up[0], up[1], blocks,
             bytes(target) if target is not None else b"", st._xattrs_of(txn, ino)))
 
-    def _live_okeys(self, txn):
-        """Every object of the live tree (for the first snapshot)."""
+    def _live_okeys(self, txn, after: tuple[str, bytes] | None = None):
+        """Every object of the live tree (for the first snapshot), in table
+        order; `after` = (table, key) resumes after that key."""
+        for table, make in (("inode", lambda k: inode_key(_U64.unpack(k[4:12])[0])),
+                            ("dentry", lambda k: dentry_key(_U64.unpack(k[4:12])[0],
+                                                            bytes(k[12:])))):
+            if after is not None and after[0] == "dentry" and table == "inode":
+                continue
+            cur = txn.cursor(db=self.db[table])
+            start = after[1] if after is not None and after[0] == table else self._vb
+            if not cur.set_range(start):
+                continue
+            if after is not None and after[0] == table and cur.key() == after[1]:
+                if not cur.next():
+                    continue
+            for k in cur.iternext(values=False):
+                if k[:4] != self._vb:
+                    break
+                yield table, bytes(k), make(k)
+
+    # -------------------------------------------- a first snapshot, in steps
+
+    # The first snapshot records the whole tree. On a large tree that is
+    # seconds of work, which must not stall the FUSE loop: it is read from
+    # one read-only view (a consistent moment) in a worker thread, written
+    # in short transactions, and published last. Changes made meanwhile are
+    # tracked from the moment of the view on, for the next snapshot; content
+    # the view names stays alive (`ContentStore` hold) until its entries
+    # hold their own references.
+
+    def first_begin(self):
+        """Start tracking and open the view (on the loop); the view's txn."""
         st = self.store
-        cur = txn.cursor(db=self.db["inode"])
-        if cur.set_range(self._vb):
-            for k in cur.iternext(values=False):
-                if k[:4] != self._vb:
+        with st.txn(write=True) as txn:
+            if self._meta(txn, b"snap_seq"):
+                raise SnapshotError("the volume already has snapshots")
+            self._drop_stale_entries(txn)
+            self._clear_dirty(txn)
+            st.set_base(txn)
+        st.forget_marks()
+        st.tracking = True
+        st.base_set()  # the first change from here on says so (`base_changed`)
+        st.content.holding += 1
+        return st.env.begin()
+
+    def _drop_stale_entries(self, txn) -> None:
+        """Entries of a first snapshot that a crash interrupted: nobody reads them."""
+        refs: Counter = Counter()
+        vb = self._vb
+        cur = txn.cursor(db=self.db["sver"])
+        if cur.set_range(vb):
+            while cur.key()[:4] == vb:
+                for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
+                    refs[ref] -= 1
+                if not cur.delete() or not cur.key():
                     break
-                yield inode_key(_U64.unpack(k[4:12])[0])
-        cur = txn.cursor(db=self.db["dentry"])
-        if cur.set_range(self._vb):
-            for k in cur.iternext(values=False):
-                if k[:4] != self._vb:
+        cur = txn.cursor(db=self.db["sgen"])
+        if cur.set_range(vb):
+            while cur.key()[:4] == vb:
+                if not cur.delete() or not cur.key():
                     break
-                yield dentry_key(_U64.unpack(k[4:12])[0], bytes(k[12:]))
-        del st
+        self.store.content.apply(txn, refs)
+
+    def first_read(self, view, after, limit: int):
+        """Up to `limit` (okey, value) of the view, and where to resume (None:
+        done). Safe in a worker thread (the view is used by one thread at a time)."""
+        out = []
+        last = None
+        for table, key, okey in self._live_okeys(view, after):
+            value = self.live_value(view, okey)
+            if value:
+                out.append((okey, value))
+            last = (table, key)
+            if len(out) >= limit:
+                return out, last
+        return out, None
+
+    def first_write(self, items: list[tuple[bytes, bytes]]) -> None:
+        """Write a batch of the first snapshot's entries (on the loop)."""
+        st = self.store
+        refs: Counter = Counter()
+        with st.txn(write=True) as txn:
+            for okey, value in items:
+                self._put_entry(txn, okey, 1, value, refs)
+            st.apply_refs(txn, refs)
+
+    def first_finish(self, view, *, written: int, pinned: bool, label: str) -> dict:
+        """Publish the first snapshot (on the loop); its record."""
+        st = self.store
+        view.abort()
+        with st.txn(write=True) as txn:
+            record = {"seq": 1, "id": snapshot_id(1), "step": st._step(txn),
+                      "created_ns": time.time_ns(), "pinned": bool(pinned), "label": label,
+                      "parent": 0, "entries": written, "run": self._run(txn)}
+            txn.put(self._vb + _U64.pack(1), json.dumps(record).encode(), db=self.db["snap"])
+            self._set_meta(txn, b"snap_seq", 1)
+            self._set_meta(txn, b"snap_base", 1)
+        st.content.release_hold(st.txn)
+        return record
+
+    def first_abort(self, view) -> None:
+        """A first snapshot that failed half way: nothing of it is visible."""
+        st = self.store
+        view.abort()
+        st.tracking = False
+        st.content.release_hold(st.txn)
 
     # ----------------------------------------------------------- versions
 
@@ -313,7 +412,7 @@ class Snapshots:
             last = self._meta(txn, b"snap_seq")
             seq = last + 1
             if last == 0:
-                okeys = list(self._live_okeys(txn))
+                okeys = [okey for _, _, okey in self._live_okeys(txn)]
                 st.tracking = True
             else:
                 okeys = self._dirty_okeys(txn)
@@ -613,7 +712,7 @@ class Snapshots:
                 ino = _U64.unpack(okey[1:9])[0]
                 old = self._inode_at(txn, sa, ino)
                 if sb is None:
-                    raw = self.live_value(txn, okey)
+                    raw = self.live_value(txn, okey, allow_hot=True)
                     new = unpack_inode_entry(ino, raw) if raw else None
                     new_path = st._path_in(txn, ino) if new else None
                 else:
@@ -679,6 +778,7 @@ class Snapshots:
         touched_inodes: list[int] = []
         unlinked: list[int] = []
         freed: list[bytes] = []
+        self.hot_reset: list[int] = []
         with st.txn(write=True) as txn, st.batched_counters(txn):
             rec = self._get(txn, seq)
             okeys = self.changed_since(txn, seq)
@@ -723,6 +823,8 @@ class Snapshots:
             st.set_base(txn)
         st.base_set()
         st._delete_unreferenced(freed)
+        for ino in self.hot_reset:
+            st.hot.delete(st.vol, ino)
         return {"id": snapshot_id(seq), "step": rec["step"], "dentries": list(kernel_names),
                 "inodes": touched_inodes, "unlinked": unlinked,
                 "changed": len(touched_inodes) + len(touched_dentries),
@@ -746,6 +848,10 @@ class Snapshots:
             unlinked.append(ino)
             return []
         e = unpack_inode_entry(ino, target)
+        if txn.get(key, db=self.db["hotino"]) is not None:
+            # The hot file belongs to the content being replaced.
+            txn.delete(key, db=self.db["hotino"])
+            self.hot_reset.append(ino)
         new = e.inode
         new.vol = st.vol
         if old is not None and old.is_reg:

@@ -28,8 +28,11 @@ Schema version 2. Integers are big-endian, so range scans run in order;
             paths for references and logs without a tree walk.
 `link`      vi -> symlink target.
 `block`     vi + block index u64 -> block reference (17 bytes: digest and
-            location, see `content`). A missing block inside the file size is a
-            hole (reads as zeros).
+            location, see `content`), or `HOT_REF`: the block's bytes are in
+            the inode's hot file (`hotfiles`). A missing block inside the file
+            size is a hole (reads as zeros).
+`hotino`    vi -> b"": inodes that have hot blocks (to settle them after a
+            restart, before a snapshot).
 `content`   digest (16) -> refcount u64 + size u32 + location u8. Invariant:
             a record with refcount > 0 names an object that is present, in
             `blob` (location LMDB) or as a chunk file (location FILE). A FILE
@@ -62,6 +65,7 @@ import contextlib
 import copy
 import os
 import secrets
+import shutil
 import stat
 import struct
 import time
@@ -70,20 +74,21 @@ from pathlib import Path
 
 import lmdb
 
-from . import DEFAULT_INLINE_MAX, errors, filehash
-from .chunks import ChunkStore
-from .content import ContentStore, ref_digest
+from . import DEFAULT_INLINE_MAX, compact, errors, filehash
+from .chunks import ChunkStore, chunk_hash
+from .content import HOT_REF, ContentStore, is_hot, ref_digest
+from .content import all_zero as content_all_zero
 from .eventlog import EventLog
+from .hotfiles import HotFiles
 from .inode import STATUS_DONE, Inode
+from .keys import inode_key, now_ns
+from .namespace import NamespaceMixin
+from .xattrstore import XattrMixin
 
 SCHEMA_VERSION = 2
-MAX_NAME = 255
 ROOT_INO = 1
 #: inode numbers stay below this (the FUSE layer uses the space above for views)
 MAX_INO = 1 << 40
-#: extended attributes of one inode: names and values together, and the name list
-XATTR_FILE_MAX = 256 * 1024
-XATTR_LIST_MAX = 60 * 1024
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -95,7 +100,7 @@ _VOL_STEP_INO = struct.Struct(">IQQ")
 _DB_NAMES = (
     "meta", "volume", "inode", "dentry", "dirlist", "backlink", "link", "block",
     "content", "blob", "xattr", "bystep", "agestep", "donestep", "orphan",
-    "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty",
+    "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty", "hotino",
     "upload", "published",
 )
 #: tables a read-only handle may find missing (a store older than them): None then
@@ -103,10 +108,6 @@ _OPTIONAL_DBS = ("upload", "published")
 
 _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
             lmdb.VersionMismatchError, lmdb.InvalidError, lmdb.BadValsizeError)
-
-
-def now_ns() -> int:
-    return time.time_ns()
 
 
 def _u64(n: int) -> bytes:
@@ -129,18 +130,62 @@ def translate(exc: lmdb.Error) -> errors.StoreError:
     return errors.StoreError(f"LMDB: {exc}")
 
 
-def dentry_key(parent: int, name: bytes) -> bytes:
-    """Object key of a directory entry, as snapshot tracking names it."""
-    return b"d" + _u64(parent) + bytes((len(name),)) + name
+class _Txn:
+    """`Store.txn()`: a plain class, cheaper than a generator context manager
+    (every request opens at least one)."""
+
+    __slots__ = ("store", "write", "txn")
+
+    def __init__(self, store: Store, write: bool) -> None:
+        self.store = store
+        self.write = write
+
+    def __enter__(self):
+        try:
+            self.txn = self.store.env.begin(write=self.write)
+        except lmdb.Error as exc:
+            raise translate(exc) from exc
+        return self.txn
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        st = self.store
+        if exc_type is not None:
+            self.txn.abort()
+            if self.write:  # read transactions may run in worker threads: hands off
+                st._abandoned()
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc) from exc
+            return False
+        try:
+            self.txn.commit()
+        except lmdb.Error as err:
+            if self.write:
+                st._abandoned()
+            raise translate(err) from err
+        if not self.write:
+            return False
+        if st._pending_marks:
+            if st.dirty_since is None:
+                st.dirty_since = time.time()
+            st._marked |= st._pending_marks
+            st._pending_marks.clear()
+        if st._base_touched:
+            st.base_clean = st._base_touched = False
+        content = getattr(st, "content", None)
+        if content is not None and (content.created or content.removed):
+            made, gone = content.created, content.removed
+            content.created, content.removed = [], []
+            if st.on_chunk_files is not None:
+                st.on_chunk_files(made, gone)
+        return False
 
 
-def inode_key(ino: int) -> bytes:
-    """Object key of an inode (attributes, content, xattrs, link target)."""
-    return b"i" + _u64(ino)
-
-
-class Store:
+class Store(NamespaceMixin, XattrMixin):
     """Metadata of one volume in a store directory, plus its content objects.
+
+    Names live in `namespace`, extended attributes in `xattrstore`; this
+    class holds the environment, volumes, counters, inodes, step indexes,
+    content and freeing.
 
     Every method is one LMDB transaction (or none); none of them awaits, so a
     caller on the trio thread sees each call as atomic.
@@ -185,6 +230,8 @@ class Store:
             raise errors.StoreVersionError(
                 f"store at {self.dir / 'lmdb'} is damaged or not a vfsd store: {exc}") from None
         self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
+        self.hot = HotFiles(self.dir / "hot")
+        self._hot_gone: list[int] = []
         self.content = ContentStore(self.db, self.chunks, self._bump, inline_max)
         self.logs = EventLog(self)
         self._deltas: dict[bytes, int] | None = None
@@ -210,6 +257,9 @@ class Store:
     def _open_env(self, readonly: bool, create: bool, map_size: int, sync: bool):
         lmdb_dir = self.dir / "lmdb"
         data_file = lmdb_dir / "data.mdb"
+        if not readonly and ((self.dir / "lmdb.old").exists()
+                             or (self.dir / "lmdb.compact").exists()):
+            compact.recover(self.dir)
         if data_file.exists():
             if data_file.stat().st_size < 2 * 4096:  # not even LMDB's two meta pages
                 raise errors.StoreVersionError(
@@ -267,40 +317,14 @@ class Store:
         except lmdb.Error as exc:
             raise translate(exc) from exc
 
-    @contextlib.contextmanager
-    def txn(self, write: bool = False):
-        """An LMDB transaction whose failures are store errors.
+    def txn(self, write: bool = False) -> _Txn:
+        """An LMDB transaction whose failures are store errors (a context manager).
 
         Snapshot change marks made in a write transaction count only once it
         has committed. Read transactions may run in worker threads (they
         touch none of this bookkeeping); write transactions run on one thread.
         """
-        try:
-            with self.env.begin(write=write) as txn:
-                yield txn
-        except lmdb.Error as exc:
-            if write:
-                self._abandoned()
-            raise translate(exc) from exc
-        except BaseException:
-            if write:
-                self._abandoned()
-            raise
-        if not write:
-            return
-        if self._pending_marks:
-            if self.dirty_since is None:
-                self.dirty_since = time.time()
-            self._marked |= self._pending_marks
-            self._pending_marks.clear()
-        content = self.content if hasattr(self, "content") else None
-        if content is not None and (content.created or content.removed):
-            made, gone = content.created, content.removed
-            content.created, content.removed = [], []
-            if self.on_chunk_files is not None:
-                self.on_chunk_files(made, gone)
-        if self._base_touched:
-            self.base_clean = self._base_touched = False
+        return _Txn(self, write)
 
     def _abandoned(self) -> None:
         """A transaction that did not commit: forget what it would have done."""
@@ -369,7 +393,7 @@ class Store:
     #: tables whose keys start with the volume id
     _PER_VOLUME = ("inode", "dentry", "dirlist", "backlink", "link", "block", "xattr",
                    "bystep", "agestep", "donestep", "orphan", "evicted", "evictino", "removed",
-                   "snap", "sgone", "sver", "sgen", "sdirty", "published")
+                   "snap", "sgone", "sver", "sgen", "sdirty", "hotino", "published")
 
     def drop_volume(self, name: str) -> None:
         """Delete a volume and its snapshots, releasing the content they held."""
@@ -402,6 +426,7 @@ class Store:
             txn.delete(name.encode(), db=self.db["volume"])
             freed = self.content.apply(txn, refs)
         self._delete_unreferenced(freed)
+        shutil.rmtree(self.hot.root / str(view.vol), ignore_errors=True)
 
     def view(self, name: str) -> Store:
         """A handle on another volume of this store (same environment).
@@ -717,314 +742,6 @@ class Store:
             after = got[-1]
             page = min(page * 4, 1024)
 
-    # ----------------------------------------------------------- namespace
-
-    @staticmethod
-    def _check_name(name: bytes) -> None:
-        if len(name) > MAX_NAME:
-            raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
-        if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
-            raise errors.InvalidArgument(f"bad name {name!r}")
-
-    def lookup(self, parent: int, name: bytes) -> Inode:
-        if len(name) > MAX_NAME:
-            raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
-        with self.txn() as txn:
-            raw = txn.get(self._key(parent) + name, db=self.db["dentry"])
-            if raw is None:
-                raise errors.NotFound(name.decode(errors="replace"))
-            return self._get_inode(txn, _U64X2.unpack(raw)[0])
-
-    def _add_entry(self, txn, parent: int, name: bytes, child: int) -> None:
-        cookie = self._alloc_cookie(txn)
-        vb = self._vb
-        txn.put(self._key(parent) + name, _U64X2.pack(child, cookie), db=self.db["dentry"])
-        txn.put(vb + _U64X2.pack(parent, cookie), _u64(child) + name, db=self.db["dirlist"])
-        txn.put(vb + _U64X2.pack(child, parent) + name, b"", db=self.db["backlink"])
-        self._mark(txn, dentry_key(parent, name))
-        self._mark(txn, inode_key(child))  # its path changed
-
-    def _del_entry(self, txn, parent: int, name: bytes) -> int:
-        key = self._key(parent) + name
-        raw = txn.get(key, db=self.db["dentry"])
-        if raw is None:
-            raise errors.NotFound(name.decode(errors="replace"))
-        child, cookie = _U64X2.unpack(raw)
-        vb = self._vb
-        txn.delete(key, db=self.db["dentry"])
-        txn.delete(vb + _U64X2.pack(parent, cookie), db=self.db["dirlist"])
-        txn.delete(vb + _U64X2.pack(child, parent) + name, db=self.db["backlink"])
-        self._mark(txn, dentry_key(parent, name))
-        self._mark(txn, inode_key(child))
-        return child
-
-    def _parent_dir(self, txn, parent: int) -> Inode:
-        p = self._get_inode(txn, parent)
-        if not p.is_dir:
-            raise errors.NotADirectory()
-        if p.nlink == 0:
-            raise errors.NotFound("the directory was removed")
-        return p
-
-    def _touch_dir(self, txn, dir_inode: Inode, t: int, nlink_delta: int = 0) -> None:
-        dir_inode.mtime_ns = dir_inode.ctime_ns = t
-        dir_inode.nlink += nlink_delta
-        self._put_inode(txn, dir_inode)
-
-    def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
-               rdev: int = 0, target: bytes | None = None) -> Inode:
-        """Make a file, directory, device node or (with `target`) a symlink."""
-        self._check_name(name)
-        t = now_ns()
-        with self.txn(write=True) as txn:
-            p = self._parent_dir(txn, parent)
-            if txn.get(self._key(parent) + name, db=self.db["dentry"]) is not None:
-                raise errors.Exists()
-            ino = self._alloc_ino(txn)
-            is_dir = stat.S_ISDIR(mode)
-            if p.mode & stat.S_ISGID:
-                # POSIX: a setgid directory gives new entries its group, and
-                # new subdirectories its setgid bit.
-                gid = p.gid
-                if is_dir:
-                    mode |= stat.S_ISGID
-            inode = Inode(ino, self.vol, mode, nlink=2 if is_dir else 1, uid=uid, gid=gid,
-                          rdev=rdev, atime_ns=t, mtime_ns=t, ctime_ns=t,
-                          gen=secrets.randbits(32), step=self._step(txn))
-            if target is not None:
-                inode.size = len(target)
-                txn.put(self._key(ino), target, db=self.db["link"])
-            self._put_inode(txn, inode)
-            self._reindex(txn, None, inode)
-            self._add_entry(txn, parent, name, ino)
-            self._touch_dir(txn, p, t, 1 if is_dir else 0)
-        return inode
-
-    def link(self, ino: int, new_parent: int, new_name: bytes) -> Inode:
-        self._check_name(new_name)
-        t = now_ns()
-        with self.txn(write=True) as txn:
-            p = self._parent_dir(txn, new_parent)
-            if txn.get(self._key(new_parent) + new_name, db=self.db["dentry"]) is not None:
-                raise errors.Exists()
-            inode = self._get_inode(txn, ino)
-            if inode.is_dir:
-                raise errors.StoreError("cannot hard-link a directory")
-            if inode.nlink == 0:
-                raise errors.NotFound("the file was removed")
-            old = inode.copy()
-            inode.nlink += 1
-            inode.ctime_ns = t
-            self._reindex(txn, old, inode)
-            self._put_inode(txn, inode)
-            self._add_entry(txn, new_parent, new_name, ino)
-            self._touch_dir(txn, p, t)
-        return inode
-
-    def _drop_name(self, txn, parent: Inode, name: bytes, t: int,
-                   expect_dir: bool | None) -> Inode:
-        """Remove one name; returns the child with its new link count."""
-        raw = txn.get(self._key(parent.ino) + name, db=self.db["dentry"])
-        if raw is None:
-            raise errors.NotFound(name.decode(errors="replace"))
-        child = self._get_inode(txn, _U64X2.unpack(raw)[0])
-        if expect_dir is True:
-            if not child.is_dir:
-                raise errors.NotADirectory()
-            if self._has_entries(txn, child.ino):
-                raise errors.NotEmpty()
-        elif expect_dir is False and child.is_dir:
-            raise errors.IsADirectory()
-        self._del_entry(txn, parent.ino, name)
-        old = child.copy()
-        child.nlink = 0 if child.is_dir else child.nlink - 1
-        child.ctime_ns = t
-        self._reindex(txn, old, child)
-        self._put_inode(txn, child)
-        if child.nlink == 0:
-            txn.put(self._key(child.ino), b"", db=self.db["orphan"])
-        return child
-
-    def _has_entries(self, txn, ino: int) -> bool:
-        cur = txn.cursor(db=self.db["dirlist"])
-        prefix = self._key(ino)
-        return cur.set_range(prefix) and cur.key()[:12] == prefix
-
-    def _log_removed(self, txn, child: Inode, parent: int, name: bytes, reason: str) -> None:
-        parent_path = self._path_in(txn, parent) or ""
-        name_s = name.decode(errors="surrogateescape")
-        path = f"{parent_path}/{name_s}" if parent_path else name_s
-        self.logs.log_removed(txn, child.ino, child.gen, path, self._step(txn), reason)
-
-    def unlink(self, parent: int, name: bytes, *, rmdir: bool = False) -> Inode:
-        """Remove a name. The inode stays until `free_inodes` (no names, no users)."""
-        t = now_ns()
-        with self.txn(write=True) as txn:
-            p = self._parent_dir(txn, parent)
-            child = self._drop_name(txn, p, name, t, expect_dir=rmdir)
-            self._touch_dir(txn, p, t, -1 if rmdir else 0)
-            if not rmdir and child.is_reg and child.nlink == 0:
-                self._log_removed(txn, child, parent, name, "unlink")
-        return child
-
-    def rename(self, old_parent: int, old_name: bytes, new_parent: int,
-               new_name: bytes, *, noreplace: bool = False,
-               exchange: bool = False) -> Inode | None:
-        """Rename; returns the inode that lost its name at the target, if any."""
-        self._check_name(new_name)
-        t = now_ns()
-        with self.txn(write=True) as txn:
-            op = self._parent_dir(txn, old_parent)
-            raw = txn.get(self._key(old_parent) + old_name, db=self.db["dentry"])
-            if raw is None:
-                raise errors.NotFound(old_name.decode(errors="replace"))
-            src = self._get_inode(txn, _U64X2.unpack(raw)[0])
-            np_ = op if new_parent == old_parent else self._parent_dir(txn, new_parent)
-            if src.is_dir:
-                self._check_not_ancestor(txn, src.ino, new_parent)
-            traw = txn.get(self._key(new_parent) + new_name, db=self.db["dentry"])
-            target = self._get_inode(txn, _U64X2.unpack(traw)[0]) if traw else None
-            if target is not None and target.ino == src.ino:
-                return None  # same inode under both names: POSIX says do nothing
-            if exchange:
-                if target is None:
-                    raise errors.NotFound(new_name.decode(errors="replace"))
-                if target.is_dir:
-                    self._check_not_ancestor(txn, target.ino, old_parent)
-                self._del_entry(txn, old_parent, old_name)
-                self._del_entry(txn, new_parent, new_name)
-                self._add_entry(txn, new_parent, new_name, src.ino)
-                self._add_entry(txn, old_parent, old_name, target.ino)
-                if src.is_dir != target.is_dir and old_parent != new_parent:
-                    d = 1 if src.is_dir else -1
-                    op.nlink -= d
-                    np_.nlink += d
-                for node in (src, target):
-                    node.ctime_ns = t
-                    self._put_inode(txn, node)
-                self._touch_dir(txn, op, t)
-                if np_ is not op:
-                    self._touch_dir(txn, np_, t)
-                return None
-            replaced = None
-            if target is not None:
-                if noreplace:
-                    raise errors.Exists()
-                if src.is_dir and not target.is_dir:
-                    raise errors.NotADirectory()
-                if not src.is_dir and target.is_dir:
-                    raise errors.IsADirectory()
-                replaced = self._drop_name(txn, np_, new_name, t, expect_dir=target.is_dir)
-                if target.is_dir:
-                    np_.nlink -= 1
-                elif replaced.is_reg and replaced.nlink == 0:
-                    self._log_removed(txn, replaced, new_parent, new_name, "unlink")
-            self._del_entry(txn, old_parent, old_name)
-            self._add_entry(txn, new_parent, new_name, src.ino)
-            if src.is_dir and old_parent != new_parent:
-                op.nlink -= 1
-                np_.nlink += 1
-            src = self._get_inode(txn, src.ino)
-            src.ctime_ns = t
-            self._put_inode(txn, src)
-            self._touch_dir(txn, op, t)
-            if np_ is not op:
-                self._touch_dir(txn, np_, t)
-            return replaced
-
-    def _parent_of(self, txn, ino: int) -> tuple[int, bytes] | None:
-        """One (parent, name) of `ino`, or None if it has no name."""
-        cur = txn.cursor(db=self.db["backlink"])
-        key = self._key(ino)
-        if not cur.set_range(key) or cur.key()[:12] != key:
-            return None
-        k = cur.key()
-        return _U64.unpack(k[12:20])[0], bytes(k[20:])
-
-    def _names_of(self, txn, ino: int) -> list[tuple[int, bytes]]:
-        """Every (parent, name) of `ino`."""
-        out = []
-        key = self._key(ino)
-        cur = txn.cursor(db=self.db["backlink"])
-        if cur.set_range(key):
-            for k in cur.iternext(values=False):
-                if k[:12] != key:
-                    break
-                out.append((_U64.unpack(k[12:20])[0], bytes(k[20:])))
-        return out
-
-    def _check_not_ancestor(self, txn, ancestor: int, ino: int) -> None:
-        """Refuse to move a directory below itself."""
-        hops = 0
-        while ino != self.root_ino:
-            if ino == ancestor:
-                raise errors.InvalidArgument("cannot move a directory into itself")
-            up = self._parent_of(txn, ino)
-            hops += 1
-            if up is None or hops > 1 << 20:
-                return
-            ino = up[0]
-
-    def readdir(self, ino: int, after: int, limit: int = 256) -> list[tuple[int, bytes, Inode]]:
-        """Entries of a directory with cookie > `after`, in cookie order."""
-        out = []
-        prefix = self._key(ino)
-        with self.txn() as txn:
-            cur = txn.cursor(db=self.db["dirlist"])
-            if not cur.set_range(self._vb + _U64X2.pack(ino, after + 1)):
-                return out
-            for key, val in cur:
-                if key[:12] != prefix:
-                    break
-                child = _U64.unpack(val[:8])[0]
-                out.append((_U64.unpack(key[12:])[0], bytes(val[8:]),
-                            self._get_inode(txn, child)))
-                if len(out) >= limit:
-                    break
-        return out
-
-    def path_of(self, ino: int) -> str | None:
-        """A path of `ino` relative to the volume root, or None if it has no name."""
-        with self.txn() as txn:
-            return self._path_in(txn, ino)
-
-    def _path_in(self, txn, ino: int) -> str | None:
-        parts: list[bytes] = []
-        while ino != self.root_ino:
-            up = self._parent_of(txn, ino)
-            if up is None or len(parts) > 4096:
-                return None
-            parts.append(up[1])
-            ino = up[0]
-        return "/".join(p.decode(errors="surrogateescape") for p in reversed(parts))
-
-    def resolve_path(self, path: str) -> Inode:
-        """Look up a path relative to the volume root (no symlinks followed)."""
-        with self.txn() as txn:
-            inode = self._get_inode(txn, self.root_ino)
-            for part in path.strip("/").split("/"):
-                if part in ("", "."):
-                    continue
-                if part == "..":
-                    raise errors.InvalidArgument("'..' is not allowed")
-                name = part.encode(errors="surrogateescape")
-                if len(name) > MAX_NAME:
-                    raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
-                if not inode.is_dir:
-                    raise errors.NotADirectory(part)
-                raw = txn.get(self._key(inode.ino) + name, db=self.db["dentry"])
-                if raw is None:
-                    raise errors.NotFound(part)
-                inode = self._get_inode(txn, _U64X2.unpack(raw)[0])
-        return inode
-
-    def readlink(self, ino: int) -> bytes:
-        with self.txn() as txn:
-            raw = txn.get(self._key(ino), db=self.db["link"])
-        if raw is None:
-            raise errors.InvalidArgument("not a symlink")
-        return bytes(raw)
-
     # -------------------------------------------------------------- content
 
     def block_map(self, ino: int) -> dict[int, bytes]:
@@ -1047,10 +764,22 @@ class Store:
         """Bytes of one stored block, verified against its digest."""
         return self.content.read(self.txn, ref, offset, length)
 
-    def file_hash(self, size: int, blocks: dict[int, bytes]) -> bytes:
-        """The content hash of a file with these block references (see `filehash`)."""
-        return filehash.file_hash(size, {i: ref_digest(r) for i, r in blocks.items()},
-                                  self.chunk_size)
+    def file_hash(self, size: int, blocks: dict[int, bytes], ino: int | None = None) -> bytes:
+        """The content hash of a file with these block references (see `filehash`);
+        hot blocks (of inode `ino`) are read from its hot file and hashed."""
+        cs = self.chunk_size
+        digests = {}
+        for i, r in blocks.items():
+            if is_hot(r):
+                n = min(cs, size - i * cs)
+                if n <= 0:
+                    continue
+                data = self.hot.read(self.vol, ino, i * cs, n)
+                if not content_all_zero(data):
+                    digests[i] = chunk_hash(data)
+            else:
+                digests[i] = ref_digest(r)
+        return filehash.file_hash(size, digests, cs)
 
     def commit_content(
         self,
@@ -1059,13 +788,21 @@ class Store:
         blocks: dict[int, bytes | bytearray | None] | None = None,
         drop_blocks_from: int | None = None,
         stamp_step: bool = True,
+        hot: list[int] | None = None,
+        settled: dict[int, tuple] | None = None,
+        hot_after: bool | None = None,
     ) -> tuple[Inode, dict[int, bytes | None]]:
         """Commit new content and attributes of a regular file in one transaction.
 
         `blocks` maps block index -> new block bytes (None or all zeros make a
         hole); `drop_blocks_from` drops every block at or past that index
-        (truncate). Returns the committed inode and the new block references
-        by index (None for holes).
+        (truncate). `hot` lists blocks whose bytes now live in the inode's hot
+        file (their objects are released); `settled` maps hot blocks back to
+        content: index -> (digest or None for a hole, size, small bytes or
+        None, temporary chunk file or None), skipped for a block no longer hot.
+        `hot_after` says whether the file keeps hot blocks (the `hotino`
+        index). Returns the committed inode and the new block references by
+        index (None for holes).
         """
         new_refs: dict[int, bytes | None] = {}
         freed: list[bytes] = []
@@ -1098,11 +835,52 @@ class Store:
                     if digest is not None:
                         freed.append(digest)
                 new_refs[idx] = ref
+            for idx in hot or ():
+                bkey = self._key(inode.ino) + _u64(idx)
+                prev = txn.get(bkey, db=self.db["block"])
+                prev = bytes(prev) if prev is not None else None
+                txn.put(bkey, HOT_REF, db=self.db["block"])
+                new.nblocks += prev is None
+                if prev is not None:
+                    digest = self.content.decref(txn, prev)
+                    if digest is not None:
+                        freed.append(digest)
+            for idx, (digest, size, data, tmp) in (settled or {}).items():
+                bkey = self._key(inode.ino) + _u64(idx)
+                if txn.get(bkey, db=self.db["block"]) != HOT_REF:
+                    if tmp is not None:
+                        tmp.unlink(missing_ok=True)
+                    continue  # truncated or rewritten meanwhile
+                if digest is None:
+                    txn.delete(bkey, db=self.db["block"])
+                    new.nblocks -= 1
+                    ref = None
+                else:
+                    ref = self.content.put_settled(txn, digest, size, data=data, tmp=tmp)
+                    txn.put(bkey, ref, db=self.db["block"])
+                new_refs[idx] = ref
+            if hot_after is not None:
+                if hot_after:
+                    txn.put(self._key(inode.ino), b"", db=self.db["hotino"])
+                else:
+                    txn.delete(self._key(inode.ino), db=self.db["hotino"])
             new.inline = new.size <= self.inline_max
             self._reindex(txn, old, new)
             self._put_inode(txn, new)
         self._delete_unreferenced(freed)
         return new, new_refs
+
+    def hot_inodes(self) -> list[int]:
+        """Inodes of this volume that have hot blocks."""
+        out = []
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db["hotino"])
+            if cur.set_range(self._vb):
+                for k in cur.iternext(values=False):
+                    if k[:4] != self._vb:
+                        break
+                    out.append(_VI.unpack(k)[1])
+        return out
 
     def _drop_blocks(self, txn, ino: int, first: int) -> tuple[list[bytes], int]:
         """Drop blocks from index `first` on: (chunk digests freed, blocks dropped)."""
@@ -1137,110 +915,17 @@ class Store:
         with self.txn(write=True) as txn:
             self.content.delete_unreferenced(txn, digests)
 
-    # --------------------------------------------------------------- xattrs
-
-    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
-        with self.txn() as txn:
-            raw = txn.get(self._key(ino) + name, db=self.db["xattr"])
-        return bytes(raw) if raw is not None else None
-
-    def _xattr_totals(self, txn, ino: int) -> tuple[int, int]:
-        """(name and value bytes, name-list bytes) of an inode's xattrs."""
-        total = listed = 0
-        prefix = self._key(ino)
-        cur = txn.cursor(db=self.db["xattr"])
-        if cur.set_range(prefix):
-            for k, v in cur:
-                if k[:12] != prefix:
-                    break
-                total += len(k) - 12 + len(v)
-                listed += len(k) - 12 + 1
-        return total, listed
-
-    def xattr_growth(self, ino: int, name: bytes, value: bytes) -> int:
-        """Bytes setting this xattr would add (negative if it shrinks)."""
-        with self.txn() as txn:
-            old = txn.get(self._key(ino) + name, db=self.db["xattr"])
-        return len(name) + len(value) - (len(name) + len(old) if old is not None else 0)
-
-    def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
-                  replace: bool = False) -> int:
-        """Set an xattr; the bytes it added. Limits per inode are enforced here."""
-        key = self._key(ino) + name
-        with self.txn(write=True) as txn:
-            inode = self._get_inode(txn, ino)
-            old = txn.get(key, db=self.db["xattr"])
-            if create and old is not None:
-                raise errors.Exists("the attribute exists")
-            if replace and old is None:
-                raise errors.NoAttr("no such attribute")
-            total, listed = self._xattr_totals(txn, ino)
-            growth = len(name) + len(value) - (len(name) + len(old) if old is not None else 0)
-            if total + growth > XATTR_FILE_MAX:
-                raise errors.AttrTooBig(
-                    f"extended attributes of one file are limited to {XATTR_FILE_MAX} bytes")
-            if old is None and listed + len(name) + 1 > XATTR_LIST_MAX:
-                raise errors.AttrTooBig("too many extended attribute names on one file")
-            txn.put(key, value, db=self.db["xattr"])
-            self._bump(txn, b"xattr_bytes", growth)
-            self._put_inode(txn, inode)  # ctime is the kernel's; the record is touched
-        return growth
-
-    def remove_xattr(self, ino: int, name: bytes) -> bool:
-        key = self._key(ino) + name
-        with self.txn(write=True) as txn:
-            old = txn.get(key, db=self.db["xattr"])
-            if old is None:
-                return False
-            txn.delete(key, db=self.db["xattr"])
-            inode = self._get_inode(txn, ino)
-            self._bump(txn, b"xattr_bytes", -(len(name) + len(old)))
-            self._put_inode(txn, inode)
-        return True
-
-    def list_xattrs(self, ino: int) -> list[bytes]:
-        prefix = self._key(ino)
-        out = []
-        with self.txn() as txn:
-            cur = txn.cursor(db=self.db["xattr"])
-            if cur.set_range(prefix):
-                for k in cur.iternext(values=False):
-                    if k[:12] != prefix:
-                        break
-                    out.append(bytes(k[12:]))
-        return out
-
-    def _xattrs_of(self, txn, ino: int) -> list[tuple[bytes, bytes]]:
-        prefix = self._key(ino)
-        out = []
-        cur = txn.cursor(db=self.db["xattr"])
-        if cur.set_range(prefix):
-            for k, v in cur:
-                if k[:12] != prefix:
-                    break
-                out.append((bytes(k[12:]), bytes(v)))
-        return out
-
-    def _drop_xattrs(self, txn, ino: int) -> int:
-        """Delete every xattr of `ino`; the bytes they held."""
-        prefix = self._key(ino)
-        held = 0
-        cur = txn.cursor(db=self.db["xattr"])
-        if cur.set_range(prefix):
-            while cur.key()[:12] == prefix:
-                held += len(cur.key()) - 12 + len(cur.value())
-                if not cur.delete() or not cur.key():
-                    break
-        return held
-
     # ------------------------------------------------------------- freeing
 
     def free_inodes(self, inos: list[int]) -> None:
         """Free nameless, unused inodes and their content, in one transaction."""
         freed: list[bytes] = []
+        self._hot_gone = []
         with self.txn(write=True) as txn:
             for ino in inos:
                 freed += self._free_inode(txn, ino)
+        for ino in self._hot_gone:
+            self.hot.delete(self.vol, ino)
         self._delete_unreferenced(freed)
 
     def free_inode(self, ino: int) -> None:
@@ -1253,6 +938,9 @@ class Store:
         if raw is None or Inode.unpack(ino, raw).nlink > 0:
             return []
         freed, _ = self._drop_blocks(txn, ino, 0)
+        if txn.get(key, db=self.db["hotino"]) is not None:
+            txn.delete(key, db=self.db["hotino"])
+            self._hot_gone.append(ino)
         txn.delete(key, db=self.db["link"])
         self._bump(txn, b"xattr_bytes", -self._drop_xattrs(txn, ino))
         # Not marked for snapshots: it left the tree when its last name went.
@@ -1290,56 +978,6 @@ class Store:
     def eviction_record(self, ino: int) -> dict | None:
         with self.txn() as txn:
             return self.logs.record_of(txn, ino)
-
-    # ------------------------------------------------------------- eviction
-
-    def eviction_facts(self, inos: list[int]) -> dict[int, tuple[Inode, str, bytes]]:
-        """(inode, path, content hash) per inode, in one read transaction."""
-        out = {}
-        with self.txn() as txn:
-            for ino in inos:
-                inode = self._get_inode(txn, ino)
-                digest = self.file_hash(inode.size, self._block_map(txn, ino))
-                out[ino] = (inode, self._path_in(txn, ino) or "", digest)
-        return out
-
-    def evict(self, victims: list[tuple[int, dict]]) -> list[tuple[int, list[tuple[int, bytes]]]]:
-        """Remove every name of each victim and log it, in one transaction.
-
-        `victims` is [(ino, eviction record)]. Returns [(ino, [(parent, name)])]
-        so the caller can tell the kernel. The inodes become orphans, freed once
-        nothing uses them.
-        """
-        t = now_ns()
-        out = []
-        parents: set[int] = set()
-        with self.txn(write=True) as txn, self.batched_counters(txn):
-            for ino, record in victims:
-                inode = self._get_inode(txn, ino)
-                names: list[tuple[int, bytes]] = []
-                cur = txn.cursor(db=self.db["backlink"])
-                key = self._key(ino)
-                if cur.set_range(key):
-                    for k in cur.iternext(values=False):
-                        if k[:12] != key:
-                            break
-                        names.append((_U64.unpack(k[12:20])[0], bytes(k[20:])))
-                for parent, name in names:
-                    self._del_entry(txn, parent, name)
-                    parents.add(parent)
-                old = inode.copy()
-                inode.nlink = 0
-                inode.ctime_ns = t
-                self._reindex(txn, old, inode)
-                self._put_inode(txn, inode)
-                txn.put(key, b"", db=self.db["orphan"])
-                self.logs.log_eviction(txn, ino, record)
-                self.logs.log_removed(txn, ino, inode.gen, record.get("path", ""),
-                                      record["evicted_step"], record["reason"])
-                out.append((ino, names))
-            for parent in parents:  # once per directory, not once per file
-                self._touch_dir(txn, self._get_inode(txn, parent), t)
-        return out
 
     # ----------------------------------------------------------- maintenance
 
