@@ -72,8 +72,10 @@ from langchain.agents.middleware import AgentMiddleware, AgentState
 from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
+from .checkpointer import VfsdCheckpointer, warn_if_unwrapped
 from .errors import ControlError, MountToolError
 from .langgraph import files_reducer
 from .mount import Mount
@@ -467,6 +469,7 @@ class VfsdMiddleware(AgentMiddleware):
         return updates
 
     def _turn_update(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        warn_if_unwrapped(self.mount)
         files = state.get("files") or {}
         step = self.mount.get_step()
         updates = self.sync_files(files, step)
@@ -742,10 +745,15 @@ def create_vfsd_deep_agent(
 ) -> Any:
     """`create_deep_agent` with a `VfsdBackend` on `mount` and a `VfsdMiddleware`.
 
-    Other keyword arguments go to `create_deep_agent` unchanged.
+    A `checkpointer` is wrapped in a `VfsdCheckpointer` on `mount` (unless it
+    is one already), so a replayed, forked or resumed thread finds its files as
+    they were. Other keyword arguments go to `create_deep_agent` unchanged.
     """
     from deepagents import create_deep_agent
 
+    saver = kwargs.get("checkpointer")
+    if isinstance(saver, BaseCheckpointSaver) and not isinstance(saver, VfsdCheckpointer):
+        kwargs["checkpointer"] = VfsdCheckpointer(saver, mount)
     backend = VfsdBackend(mount, **dict(backend_options or {}))
     return create_deep_agent(
         model,

@@ -13,6 +13,7 @@ Operations are serialized by one lock; each store change is one transaction.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from pathlib import Path
 
@@ -59,14 +60,37 @@ class SnapshotService:
 
     # ------------------------------------------------------------- create
 
-    async def snapshot(self, *, pinned: bool = False, label: str = "") -> dict:
+    async def snapshot(self, *, pinned: bool = False, label: str = "",
+                       reuse: bool = False) -> dict:
+        """Take a snapshot; with `reuse`, answer the base snapshot instead when
+        the live tree has not changed since it (exact, and no new record)."""
         async with self.lock:
             await self._quiesce()
+            rec = self._unchanged_base(pinned) if reuse else None
+            if rec is not None:
+                return rec
             rec = self.snaps.create(pinned=pinned, label=label)
             rec["deleted"] = self._retention()
         log.info("snapshot", id=rec["id"], entries=rec["entries"],
                  duration_ms=rec["duration_ms"], deleted=rec["deleted"])
         return rec
+
+    def _unchanged_base(self, pinned: bool) -> dict | None:
+        """The base snapshot's record (marked `reused`) if the live tree still
+        equals it and it is retained; None otherwise. Call after `_quiesce`."""
+        if not self.store.base_clean:
+            return None
+        base = self.snaps.state()["base"]
+        if base is None:
+            return None
+        try:
+            rec = self.snaps.get(base)
+            if pinned and not rec["pinned"]:
+                rec = self.snaps.set_pinned(base, True)
+        except SnapshotError:
+            return None  # deleted by retention since: take a new one
+        return {**rec, "id": base, "reused": True, "deleted": [], "entries": 0,
+                "duration_ms": 0.0, "live_step": self.store.get_step()}
 
     def _retention(self) -> list[str]:
         deleted = self.snaps.apply_retention()
@@ -107,7 +131,8 @@ class SnapshotService:
             for ino in res["inodes"]:
                 files.reload(ino)
             self.ops._maybe_free(*res["unlinked"])
-            await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
+            await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"],
+                                          res["dropped"])
         log.info("restored", id=res["id"], changed=res["changed"],
                  duration_ms=res["duration_ms"])
         return {"id": res["id"], "step": res["step"], "changed": res["changed"],
@@ -115,7 +140,16 @@ class SnapshotService:
                 "duration_ms": res["duration_ms"]}
 
     @staticmethod
-    def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int]) -> None:
+    def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int],
+                     dropped: list[tuple[int, bytes, int]] = ()) -> None:
+        # Files whose content changed: the kernel trusts its own cached size
+        # under the writeback cache, so only forgetting the inode (a "deleted"
+        # notice for each of its names) makes it ask for the restored one.
+        for parent, name, ino in dropped:
+            try:
+                pyfuse3.invalidate_entry(parent, name, deleted=ino)
+            except OSError:
+                pass  # not in the kernel's cache
         for parent, name in dentries:
             try:
                 pyfuse3.invalidate_entry(parent, name)
@@ -192,7 +226,7 @@ class SnapshotService:
         with store.txn(write=True) as txn:
             txn.put(dest._vp + b"incomplete", (1).to_bytes(8, "big"), db=store.db["meta"])
             txn.put(dest._vp + b"forked_from",
-                    f'{{"run": "{self.store.run_id}", "snapshot": "{rec["id"]}"}}'.encode(),
+                    json.dumps({"run": self.store.run_id, "snapshot": rec["id"]}).encode(),
                     db=store.db["meta"])
         return dest
 
@@ -200,7 +234,18 @@ class SnapshotService:
 
     def list(self) -> dict:
         return {"snapshots": self.snaps.list(), **self.snaps.state(),
-                "run": self.store.run_id}
+                "run": self.store.run_id, "forked_from": self._forked_from()}
+
+    def _forked_from(self) -> dict | None:
+        """{"run", "snapshot"} this volume was forked from, or None."""
+        with self.store.txn() as txn:
+            raw = txn.get(self.store._vp + b"forked_from", db=self.store.db["meta"])
+        if raw is None:
+            return None
+        try:
+            return json.loads(bytes(raw))
+        except ValueError:
+            return None
 
     def diff(self, a: str, b: str | None) -> dict:
         return {"a": a, "b": b or "live", "changes": self.snaps.diff(a, b)}

@@ -679,6 +679,7 @@ class Snapshots:
         touched_inodes: list[int] = []
         unlinked: list[int] = []
         freed: list[bytes] = []
+        dropped: list[tuple[int, bytes, int]] = []
         with st.txn(write=True) as txn, st.batched_counters(txn):
             rec = self._get(txn, seq)
             okeys = self.changed_since(txn, seq)
@@ -700,6 +701,7 @@ class Snapshots:
                 target = targets[okey]
                 if self.live_value(txn, okey) == target:
                     continue
+                dropped += self._cached_names(txn, ino)
                 freed += self._set_live_inode(txn, ino, target, unlinked)
                 touched_inodes.append(ino)
             for okey in dentries:
@@ -715,9 +717,31 @@ class Snapshots:
         st.base_set()
         st._delete_unreferenced(freed)
         return {"id": snapshot_id(seq), "step": rec["step"], "dentries": touched_dentries,
-                "inodes": touched_inodes, "unlinked": unlinked,
+                "inodes": touched_inodes, "unlinked": unlinked, "dropped": dropped,
                 "changed": len(touched_inodes) + len(touched_dentries),
                 "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}
+
+    def _cached_names(self, txn, ino: int) -> list[tuple[int, bytes, int]]:
+        """(parent, name, ino) of every name of a live regular file, before a
+        restore changes it: under the writeback cache the kernel keeps its own
+        size of a file it has cached, so it must be told to drop the inode."""
+        st = self.store
+        raw = txn.get(st._key(ino), db=self.db["inode"])
+        if raw is None:
+            return []
+        inode = Inode.unpack(ino, raw)
+        if not inode.is_reg or inode.nlink == 0:
+            return []
+        key = st._key(ino)
+        out = []
+        cur = txn.cursor(db=self.db["backlink"])
+        if cur.set_range(key):
+            for k in cur.iternext(values=False):
+                if k[:len(key)] != key:
+                    break
+                out.append((_U64.unpack(k[len(key):len(key) + 8])[0],
+                            bytes(k[len(key) + 8:]), ino))
+        return out
 
     def _set_live_inode(self, txn, ino: int, target: bytes, unlinked: list[int]) -> list[bytes]:
         """Make the live inode what `target` says (b"": not in the tree)."""
