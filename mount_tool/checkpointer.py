@@ -22,9 +22,10 @@ a replay) takes one itself: no task runs at that point. Snapshots are asked
 with `reuse`, so a step that changed no file costs a round trip and no new
 snapshot.
 
-What a run start decides. The wrapper remembers, in `RUN_DIR/.vfsd/langgraph.json`,
-which thread the run dir serves and the checkpoint the live files follow (the
-last one written or restored). A run from that checkpoint keeps the live files
+What a run start decides. The wrapper remembers in the run dir
+(`RUN_DIR/.vfsd/langgraph.json` and `langgraph.position`) which thread the run
+dir serves and the checkpoint the live files follow (the last one written or
+restored). A run from that checkpoint keeps the live files
 as they are, including what changed after it (the finished tasks of an
 interrupted step, whose writes LangGraph keeps and will not redo; edits made
 through the shell between runs). A run from any other checkpoint restores its
@@ -72,6 +73,7 @@ except ImportError:  # pragma: no cover - other langgraph versions
 logger = logging.getLogger(__name__)
 
 RECORD_NAME = "langgraph.json"
+POSITION_NAME = "langgraph.position"
 ON_MISSING = ("raise", "keep")
 # Checkpoint -> snapshot answers kept in memory (the metadata has them all).
 SNAPSHOT_CACHE_SIZE = 4096
@@ -146,54 +148,91 @@ class _RunScope:
 
 @dataclass
 class RunDirRecord:
-    """What the wrapper keeps in `RUN_DIR/.vfsd/langgraph.json`.
+    """What the wrapper keeps in the run dir's state directory (`RUN_DIR/.vfsd`).
 
+    `langgraph.json` (rewritten whole, rarely):
     - thread: the graph thread this run dir serves (None until first used)
-    - position: {"checkpoint", "snapshot", "run"}: the checkpoint the live files
-      follow (the last one written by a run, or restored)
     - pins: {checkpoint id: {"snapshot", "was_pinned"}}: snapshots pinned
       because their checkpoint waits at an interrupt
+
+    `langgraph.position` (rewritten at every checkpoint, in place: one small
+    `pwrite` padded with spaces, which JSON ignores, instead of a rename that
+    costs ~0.4 ms): position = {"checkpoint", "snapshot", "run"}, the checkpoint
+    the live files follow (the last one written by a run, or restored). A
+    position that does not read back is taken as unknown, which only makes
+    the next run start restore when in doubt.
     """
 
-    path: Path
+    state_dir: Path
     thread: str | None = None
     position: dict[str, str] | None = None
     pins: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _position_fd: int | None = field(default=None, repr=False)
+    _position_len: int = field(default=0, repr=False)
 
-    @classmethod
-    def load(cls, path: Path) -> RunDirRecord:
+    @property
+    def path(self) -> Path:
+        return self.state_dir / RECORD_NAME
+
+    @property
+    def position_path(self) -> Path:
+        return self.state_dir / POSITION_NAME
+
+    def load(self) -> None:
+        """Read both files again (another process may have used the run dir)."""
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(self.path.read_text())
         except FileNotFoundError:
-            return cls(path)
+            raw = {}
         except (OSError, ValueError) as exc:
             raise MountToolError(
-                f"{path} is unreadable ({exc}); it records which graph thread this run dir "
-                "serves: fix or remove it"
+                f"{self.path} is unreadable ({exc}); it records which graph thread this run "
+                "dir serves: fix or remove it"
             ) from exc
         if not isinstance(raw, dict):
-            raise MountToolError(f"{path} does not hold a JSON object; fix or remove it")
-        position = raw.get("position")
-        pins = raw.get("pins")
-        return cls(
-            path,
-            thread=raw.get("thread") if isinstance(raw.get("thread"), str) else None,
-            position=position if isinstance(position, dict) else None,
-            pins=pins if isinstance(pins, dict) else {},
-        )
+            raise MountToolError(f"{self.path} does not hold a JSON object; fix or remove it")
+        thread, pins = raw.get("thread"), raw.get("pins")
+        self.thread = thread if isinstance(thread, str) else None
+        self.pins = pins if isinstance(pins, dict) else {}
+        try:
+            position = json.loads(self.position_path.read_bytes() or b"null")
+        except (OSError, ValueError):
+            position = None
+        self.position = position if isinstance(position, dict) else None
 
     def save(self) -> None:
-        doc = {"version": 1, "thread": self.thread, "position": self.position, "pins": self.pins}
+        """Write the thread and the pins (temporary file, then rename)."""
+        doc = {"version": 1, "thread": self.thread, "pins": self.pins}
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(json.dumps(doc, indent=1))
         os.replace(tmp, self.path)
 
+    def save_position(self) -> None:
+        data = json.dumps(self.position).encode()
+        if self._position_fd is None:
+            self._position_fd = os.open(self.position_path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._position_len = os.fstat(self._position_fd).st_size
+        padded = data.ljust(max(self._position_len, 256))
+        os.pwrite(self._position_fd, padded, 0)
+        self._position_len = len(padded)
+
     def clear(self) -> None:
         self.thread, self.position, self.pins = None, None, {}
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        if self._position_fd is not None:
+            os.close(self._position_fd)
+            self._position_fd, self._position_len = None, 0
+        for path in (self.path, self.position_path):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __del__(self) -> None:
+        if self._position_fd is not None:
+            try:
+                os.close(self._position_fd)
+            except OSError:
+                pass
 
 
 # -- the wrapper ----------------------------------------------------------------------------
@@ -242,8 +281,8 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         self.mount = mount
         self.on_missing = on_missing
         self.files_key = files_key
-        self._record_path = mount.state_dir / RECORD_NAME
-        self._record = RunDirRecord.load(self._record_path)
+        self._record = RunDirRecord(mount.state_dir)
+        self._record.load()
         self._lock = threading.RLock()
         self._scope: ContextVar[_RunScope | None] = ContextVar(
             f"vfsd_run_scope_{id(self):x}", default=None
@@ -645,18 +684,10 @@ class VfsdCheckpointer(BaseCheckpointSaver):
     def _after_put(self, plan: _PutPlan, checkpoint_id: str, version: FilesVersion) -> None:
         with self._lock:
             self._remember(checkpoint_id, version)
-            changed = False
             if plan.moves_position:
-                self._record.position = {
-                    "checkpoint": checkpoint_id,
-                    "snapshot": version.snapshot,
-                    "run": version.run,
-                }
-                changed = True
+                self._set_position(checkpoint_id, version)
             passed = self._record.pins.pop(plan.parent_id, None) if plan.parent_id else None
             if passed is not None:
-                changed = True
-            if changed:
                 self._record.save()
         if passed is not None and not passed.get("was_pinned"):
             self._unpin(passed["snapshot"])
@@ -755,12 +786,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
 
         In place: clones made by `with_allowlist` share the record object.
         """
-        fresh = RunDirRecord.load(self._record_path)
-        self._record.thread, self._record.position, self._record.pins = (
-            fresh.thread,
-            fresh.position,
-            fresh.pins,
-        )
+        self._record.load()
 
     def _bind(self, thread: str) -> None:
         bound = self._record.thread
@@ -781,7 +807,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         position = {"checkpoint": checkpoint_id, "snapshot": version.snapshot, "run": version.run}
         if self._record.position != position:
             self._record.position = position
-            self._record.save()
+            self._record.save_position()
 
     def _remember(self, checkpoint_id: str, version: FilesVersion) -> None:
         self._versions[checkpoint_id] = version
