@@ -149,6 +149,10 @@ class VfsdOperations(pyfuse3.Operations):
         self.ctl = ctldir.ControlDir()
         # `.vfsd/snapshots/`: retained snapshots, read-only (set by the daemon).
         self.snapview: snapview.SnapshotView | None = None
+        # Inodes whose content a restore replaced, and how many times: their
+        # entries carry a new FUSE generation, so the kernel drops what it
+        # cached (under the writeback cache it never takes a size from us).
+        self.restored: dict[int, int] = {}
         # Attribute invalidations go through a worker thread (see run_invalidator):
         # the kernel call may block, and a handler must never block the loop.
         self._inval_send, self._inval_recv = trio.open_memory_channel(math.inf)
@@ -231,7 +235,8 @@ class VfsdOperations(pyfuse3.Operations):
     def _entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
         e.st_ino = self._fuse_ino(inode.ino)
-        e.generation = inode.gen
+        # The kernel compares 32 bits of it (fuse_iget takes an int).
+        e.generation = (inode.gen + self.restored.get(inode.ino, 0)) & 0xFFFFFFFF
         e.entry_timeout = self.entry_timeout
         # The kernel keeps size and times of files itself (writeback cache),
         # but not st_blocks: while a file is open its attributes are only

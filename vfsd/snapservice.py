@@ -130,6 +130,8 @@ class SnapshotService:
             files = self.ops.files
             for ino in res["inodes"]:
                 files.reload(ino)
+            for _parent, _name, ino in res["dropped"]:
+                self.ops.restored[ino] = self.ops.restored.get(ino, 0) + 1
             self.ops._maybe_free(*res["unlinked"])
             await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"],
                                           res["dropped"])
@@ -142,12 +144,14 @@ class SnapshotService:
     @staticmethod
     def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int],
                      dropped: list[tuple[int, bytes, int]] = ()) -> None:
-        # Files whose content changed: the kernel trusts its own cached size
-        # under the writeback cache, so only forgetting the inode (a "deleted"
-        # notice for each of its names) makes it ask for the restored one.
-        for parent, name, ino in dropped:
+        # Files whose content changed: under the writeback cache the kernel
+        # keeps its own size of a cached file, so it must drop the inode. Their
+        # entries now carry a new generation (`ops.restored`): the next lookup
+        # of any of their names makes the kernel retire the old inode (I/O on
+        # a descriptor still open on it fails) and load the restored one.
+        for parent, name, _ino in dropped:
             try:
-                pyfuse3.invalidate_entry(parent, name, deleted=ino)
+                pyfuse3.invalidate_entry(parent, name)
             except OSError:
                 pass  # not in the kernel's cache
         for parent, name in dentries:

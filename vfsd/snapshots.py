@@ -724,7 +724,8 @@ class Snapshots:
     def _cached_names(self, txn, ino: int) -> list[tuple[int, bytes, int]]:
         """(parent, name, ino) of every name of a live regular file, before a
         restore changes it: under the writeback cache the kernel keeps its own
-        size of a file it has cached, so it must be told to drop the inode."""
+        size of a file it has cached, so it must be made to drop the inode
+        (see `snapservice`)."""
         st = self.store
         raw = txn.get(st._key(ino), db=self.db["inode"])
         if raw is None:
