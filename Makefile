@@ -27,6 +27,7 @@ bench: setup
 	@$(PY) bench/fs_bench.py
 	@$(PY) bench/eviction_bench.py
 	@$(PY) bench/workloads.py
+	@$(PY) bench/execute_bench.py
 
 bench-quick: setup
 	@$(PY) bench/fs_bench.py --quick

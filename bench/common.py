@@ -46,7 +46,9 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def run_timed(cmd: str | Sequence[str], *, expect_rc: Sequence[int] = (0,)) -> tuple[float, str]:
-    """Run a command (a string goes through `sh -c`), return (seconds, stdout).
+    """Run a command (a string goes through `sh -c`: give paths as arguments of an
+    argument list instead, e.g. ["sh", "-c", 'cat "$1"', "sh", path]), return
+    (seconds, stdout).
 
     The clock runs around the whole subprocess: these are real tools (dd, cat, grep,
     find) whose start-up is part of what a user waits for.

@@ -207,9 +207,10 @@ class Bench:
 
         def dd(fsync: bool) -> Callable[[Side, int], float]:
             def run(side: Side, _rep: int) -> float:
-                extra = " conv=fsync" if fsync else ""
+                extra = ["conv=fsync"] if fsync else []
                 t, _ = run_timed(
-                    f"dd if={self.src} of={side.root}/big.bin bs=1M status=none{extra}"
+                    ["dd", f"if={self.src}", f"of={side.root / 'big.bin'}", "bs=1M",
+                     "status=none", *extra]
                 )
                 os.sync()
                 return t
@@ -222,7 +223,9 @@ class Bench:
             run_timed(["cmp", str(self.src), str(side.root / "big.bin")])
 
         def cat(side: Side, _rep: int) -> float:
-            return run_timed(f"cat {side.root}/big.bin > /dev/null")[0]
+            # Paths go to the shell as arguments, never inside its command line.
+            return run_timed(["sh", "-c", 'cat -- "$1" > /dev/null', "sh",
+                              str(side.root / "big.bin")])[0]
 
         self.each_rep(
             "seq_read_cold", cat, lambda _r: self.make_cold([self.native.root / "big.bin"])
@@ -290,7 +293,7 @@ class Bench:
         expected = ndirs * per + ndirs + 1
 
         def find(side: Side, _rep: int) -> float:
-            t, out = run_timed(f"find {side.root}/tree | wc -l")
+            t, out = run_timed(["sh", "-c", 'find "$1" | wc -l', "sh", str(side.root / "tree")])
             if int(out.strip()) != expected:
                 raise RuntimeError(f"find on {side.name} saw {out.strip()}, expected {expected}")
             return t

@@ -5,7 +5,8 @@
         m.read(ref)                              # checked against the ref's hash
 
 LangGraph helpers live in `mount_tool.langgraph`, tool-output offloading in
-`mount_tool.offload`. mount_tool never imports vfsd: it runs the `vfsd` command
+`mount_tool.offload`, Deep Agents integration in `mount_tool.deepagents` and the
+sandbox its `execute` runs commands in in `mount_tool.sandbox`. mount_tool never imports vfsd: it runs the `vfsd` command
 line and talks to the daemon through the mount and its control socket.
 """
 

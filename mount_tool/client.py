@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,29 @@ from .errors import ControlError
 MAX_REQUEST_BYTES = 1 << 20
 # Replies (stats, eviction reports, change lists) may be larger than requests.
 MAX_REPLY_BYTES = 64 << 20
+# A daemon whose every connection is busy answers `busy`: wait this long in
+# all (doubling pauses) before giving up with a clear error.
+BUSY_RETRY_SECONDS = (0.1, 0.2, 0.4, 0.8)
+
+
+def _connect(sock: socket.socket, path: Path) -> None:
+    """Connect to `path`, through its directory's fd when the path is longer
+    than a socket address holds (107 bytes)."""
+    if len(os.fsencode(path)) <= 107:
+        sock.connect(os.fspath(path))
+        return
+    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.connect(f"/proc/self/fd/{dir_fd}/{path.name}")
+    finally:
+        os.close(dir_fd)
+
+
+def _error_code(reply: dict[str, Any]) -> str | None:
+    if reply.get("ok"):
+        return None
+    error = reply.get("error")
+    return str(error.get("code")) if isinstance(error, dict) else "internal"
 
 
 class ControlClient:
@@ -41,10 +66,10 @@ class ControlClient:
         if len(data) > MAX_REQUEST_BYTES:
             raise ControlError("too_large", f"request of {len(data)} bytes exceeds 1 MiB")
         with self._lock:
-            reply = self._exchange(data)
-        if reply.get("id") != request_id:
-            self._close_locked()
-            raise ControlError("internal", f"reply id {reply.get('id')!r} != {request_id}")
+            reply = self._exchange_retrying_busy(data)
+            if reply.get("id") != request_id:
+                self._close_locked()
+                raise self._unmatched_reply(reply, request_id)
         if not reply.get("ok"):
             error = reply.get("error") or {}
             raise ControlError(str(error.get("code", "internal")), str(error.get("message", "")))
@@ -52,10 +77,15 @@ class ControlClient:
         return result if isinstance(result, dict) else {"value": result}
 
     def ping(self) -> bool:
-        """True when the daemon answers `ping`."""
+        """True when the daemon answers `ping`, False when nothing answers.
+
+        A daemon that answers `busy` is there: that raises ControlError("busy").
+        """
         try:
             return bool(self.call("ping").get("pong"))
-        except ControlError:
+        except ControlError as exc:
+            if exc.code == "busy":
+                raise
             return False
 
     def close(self) -> None:
@@ -71,13 +101,42 @@ class ControlClient:
 
     # -- internals (caller holds the lock) ---------------------------------
 
+    def _exchange_retrying_busy(self, data: bytes) -> dict[str, Any]:
+        for pause in (*BUSY_RETRY_SECONDS, None):
+            reply = self._exchange(data)
+            if _error_code(reply) != "busy" or reply.get("id") is not None or pause is None:
+                return reply
+            # Refused before the request was read: nothing ran, asking again is safe.
+            self._close_locked()
+            time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def _unmatched_reply(self, reply: dict[str, Any], request_id: int) -> ControlError:
+        """The error for a reply that does not answer our request."""
+        code = _error_code(reply)
+        message = str((reply.get("error") or {}).get("message", ""))
+        if reply.get("id") is None and code == "busy":
+            waited = sum(BUSY_RETRY_SECONDS)
+            return ControlError("busy", (
+                f"the vfsd daemon on {self.socket_path} is saturated: every control "
+                f"connection is in the middle of a request, still after {waited:.1f} s "
+                f"of retries ({message})"))
+        if reply.get("id") is None and code is not None:
+            # Refused before our request was read (forbidden, too_large, ...).
+            return ControlError(code, message)
+        return ControlError(
+            "internal", f"the daemon answered request {reply.get('id')!r}, not {request_id}")
+
     def _exchange(self, data: bytes) -> dict[str, Any]:
         for attempt in (1, 2):
             fresh = self._sock is None
             try:
                 sock = self._connect()
                 sock.sendall(data)
-                return json.loads(self._read_line(sock))
+                reply = json.loads(self._read_line(sock))
+                if not isinstance(reply, dict):
+                    raise ValueError("the daemon's reply is not a JSON object")
+                return reply
             except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
                 self._close_locked()
                 # Retry only on a reused connection that the daemon may have dropped.
@@ -93,7 +152,7 @@ class ControlClient:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout)
             try:
-                sock.connect(str(self.socket_path))
+                _connect(sock, self.socket_path)
             except OSError:
                 sock.close()
                 raise

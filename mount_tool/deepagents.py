@@ -9,15 +9,17 @@ Three pieces:
 - `VfsdBackend(mount)` implements deepagents' `SandboxBackendProtocol` on the
   mounted directory: `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`,
   `upload_files`, `download_files` (and their async twins), plus `execute`, a
-  shell command run with the mount root as working directory. Paths are the
-  agent's virtual paths ("/notes/plan.md" is `RUN_DIR/fs/notes/plan.md`) and are
+  shell command run in a sandbox whose `/` is the mount root (mount_tool/
+  sandbox.py). Paths are the agent's paths ("/notes/plan.md" is
+  `RUN_DIR/fs/notes/plan.md`, for the file tools and the shell alike) and are
   confined to the mount before anything is touched.
 - `VfsdMiddleware(mount)` keeps graph state small. It holds a `files` channel of
   ~150-byte FileRefs (kept in step with the mount after every tool call and
   pruned when the daemon evicts), advances the daemon's step once per model
   turn, and keeps large `write_file`/`edit_file` arguments out of the
   conversation (see "Large tool-call arguments" below).
-- `create_vfsd_deep_agent(mount, model, ...)` wires both into `create_deep_agent`.
+- `create_vfsd_deep_agent(mount, model, ...)` wires both into `create_deep_agent`,
+  subagents included.
 
 Large tool-call arguments. A model that writes a 1 MB file puts 1 MB into its
 AIMessage, and LangGraph stores that message in the checkpoint and again in the
@@ -36,21 +38,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
 import os
 import re
-import shutil
-import signal
-import subprocess
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, NotRequired
 
-from deepagents.backends.filesystem import FilesystemBackend
 from deepagents.backends.protocol import (
     FILE_NOT_FOUND,
     INVALID_PATH,
@@ -68,19 +66,29 @@ from deepagents.backends.protocol import (
     SandboxBackendProtocol,
     WriteResult,
 )
+from deepagents.backends.sandbox import MAX_BINARY_BYTES
 from langchain.agents.middleware import AgentMiddleware, AgentState
 from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
 from .checkpointer import VfsdCheckpointer, warn_if_unwrapped
 from .errors import ControlError, MountToolError
+from .filetools import MountFiles
 from .langgraph import files_reducer
 from .mount import Mount
 from .offload import DEFAULT_THRESHOLD_TOKENS, offload_tool_output, safe_file_stem
 from .refs import FileRef
+from .sandbox import (
+    DEFAULT_ENV_ALLOWLIST,
+    ExecLimits,
+    RunResult,
+    Sandbox,
+    SandboxUnavailable,
+    reserved_reason,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -107,87 +115,184 @@ def virtual_path(path: str) -> str:
 
 
 class VfsdBackend(SandboxBackendProtocol):
-    """deepagents backend whose files live in a vfsd mount, with a shell on it.
+    """deepagents backend whose files live in a vfsd mount, with a sandboxed shell on it.
 
     File operations follow deepagents' own local-filesystem semantics (glob and
-    grep rules, line windows, error texts) by delegating to a `FilesystemBackend`
-    rooted at the mount in virtual mode, after `Mount.resolve_path` has confined
-    the path. Writes go through `Mount.write`, which checks the daemon's hash of
-    what landed.
+    grep rules, line windows, error texts), but resolve every path beneath the
+    mount root in the same step that uses it (`mount_tool.filetools`), so a
+    symlink swapped in at any moment cannot lead them outside. Writes go
+    through `Mount.write`, which does the same and checks the daemon's hash of
+    what landed. Nothing they do raises: failures are the results' errors.
+    Paths are absolute: `/` is the mount root.
 
-    `execute` runs `command` with bash (sh if absent) in the mount root, stdout
-    and stderr merged, in its own process group so a timeout kills everything
-    it started. At most `max_output_bytes` of output are kept; output over
-    `offload_threshold_tokens` is saved to `large_tool_results/` in the mount
-    and replaced by a descriptive preview (`offload_tool_output`).
+    `execute` runs a command in a `Sandbox` (mount_tool/sandbox.py). By default
+    (`isolation="bwrap"`) that is a bubblewrap sandbox whose `/` is the mount
+    root, so a path means the same file for the file tools and the shell; the
+    system's directories are read-only, /tmp is private, the network is off
+    (`network=True` turns it on), the environment is an allowlist plus `env`,
+    and `limits` bound wall time, CPU time, memory, processes and output. Every
+    process a command started is gone when `execute` returns.
+    `isolation="none"` runs commands on the host instead (opt-in, by name).
+    Without bubblewrap, `execute` returns an error that says what to install.
+    stderr lines are marked `[stderr] `; output over `offload_threshold_tokens`
+    is saved to `large_tool_results/` in the mount and replaced by a preview.
     """
 
     def __init__(
         self,
         mount: Mount,
         *,
-        default_timeout: int = DEFAULT_EXECUTE_TIMEOUT,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        default_timeout: float | None = None,
+        max_output_bytes: int | None = None,
         offload_threshold_tokens: int | float = DEFAULT_THRESHOLD_TOKENS,
         env: Mapping[str, str] | None = None,
+        isolation: str = "bwrap",
+        network: bool = False,
+        limits: ExecLimits | None = None,
+        env_allowlist: Iterable[str] = DEFAULT_ENV_ALLOWLIST,
+        bwrap: str = "bwrap",
     ) -> None:
-        if default_timeout <= 0:
-            raise ValueError(f"default_timeout must be positive, got {default_timeout}")
-        if max_output_bytes <= 0:
-            raise ValueError(f"max_output_bytes must be positive, got {max_output_bytes}")
+        limits = limits or ExecLimits(output_bytes=DEFAULT_MAX_OUTPUT_BYTES)
+        if default_timeout is not None:
+            if default_timeout <= 0:
+                raise ValueError(f"timeout must be positive, got {default_timeout}")
+            limits = dataclasses.replace(limits, timeout=default_timeout)
+        if max_output_bytes is not None:
+            if max_output_bytes <= 0:
+                raise ValueError(f"max_output_bytes must be positive, got {max_output_bytes}")
+            limits = dataclasses.replace(limits, output_bytes=max_output_bytes)
         self.mount = mount
         self.root = Path(os.path.realpath(mount.root))
-        self.default_timeout = default_timeout
-        self.max_output_bytes = max_output_bytes
         self.offload_threshold_tokens = offload_threshold_tokens
-        self.env = {**os.environ, **(env or {}), "VFSD_ROOT": str(self.root)}
-        self.shell = shutil.which("bash") or "/bin/sh"
-        self._files = FilesystemBackend(root_dir=self.root, virtual_mode=True)
+        self.sandbox = Sandbox(
+            self.root,
+            isolation=isolation,
+            network=network,
+            limits=limits,
+            env=dict(env or {}),
+            env_allowlist=tuple(env_allowlist),
+            bwrap=bwrap,
+        )
+        self._files = MountFiles(mount.root_fd, lambda p: mount.relative(p.lstrip("/") or "."))
         self._id = f"vfsd-{uuid.uuid4().hex[:8]}"
+        # The shell runs as root without capabilities: mode bits bind it, so the
+        # file tools honour them too and both see the same files the same way.
+        self._dac = isolation == "bwrap" and os.geteuid() == 0
+        reason = self.sandbox.unavailable_reason()
+        if reason:
+            logger.warning("%s", reason)
 
     @property
     def id(self) -> str:
         """Identifier of this backend instance (`vfsd-<hex>`)."""
         return self._id
 
+    @property
+    def isolation(self) -> str:
+        """`bwrap`, `none`, or `unavailable` (bwrap asked for but not usable here)."""
+        return "unavailable" if self.sandbox.unavailable_reason() else self.sandbox.isolation
+
+    @property
+    def default_timeout(self) -> float:
+        """Wall-time limit of a command when `execute` gets no timeout (seconds)."""
+        return self.sandbox.limits.timeout
+
+    @property
+    def max_output_bytes(self) -> int:
+        """Output kept per command; the rest is counted and dropped."""
+        return self.sandbox.limits.output_bytes
+
+    def sandbox_info(self) -> dict[str, Any]:
+        """Which isolation and limits are in force for `execute`, and what enforces each."""
+        return self.sandbox.info()
+
+    def prompt_note(self) -> str:
+        """The path convention and limits, as a system prompt section for the model."""
+        return self.sandbox.prompt_note()
+
     # -- paths --------------------------------------------------------------
 
     def _confine(self, path: str | None) -> str:
-        """The normalized virtual path of `path`; ValueError if it leaves the mount.
+        """The normalized virtual path of `path`; ValueError if the file tools may not use it.
 
-        Accepts virtual paths ("/a/b", "a/b") and real absolute paths under the
-        mount root (what `execute` output shows).
+        Accepts absolute virtual paths ("/a/b", "/" when None or empty); with
+        isolation="none", whose commands print host paths, also real absolute
+        paths under the mount root. Refuses relative paths, `..` escapes, NUL
+        bytes, symlinks leading out, and the sandbox's mount points (/tmp, /usr,
+        ...), which inside `execute` are not the run's files.
         """
         raw = "/" if path in (None, "") else str(path)
         root = str(self.root)
-        if raw == root or raw.startswith(root + "/"):
+        if self.sandbox.isolation == "none" and (raw == root or raw.startswith(root + "/")):
             raw = raw[len(root) :] or "/"
+        if not raw.startswith("/"):
+            raise ValueError(f"paths must be absolute (start with '/'), got {raw!r}")
         relative = raw.lstrip("/") or "."
         # Raises ValueError for `..` escapes, NUL bytes and symlinks leading out.
         self.mount.resolve_path(relative)
         normalized = os.path.normpath("/" + relative)
-        return "/" if normalized in ("/.", "//") else normalized
+        normalized = "/" if normalized in ("/.", "//") else normalized
+        reason = reserved_reason(normalized)
+        if reason:
+            raise ValueError(reason)
+        return normalized
 
     def _real(self, virtual: str) -> Path:
         return self.mount.resolve_path(virtual.lstrip("/") or ".")
 
+    def _check_access(self, virtual: str, *, write: bool = False) -> None:
+        """PermissionError when the sandboxed shell could not read (write) this file."""
+        if not self._dac:
+            return
+        try:
+            st = os.stat(self._real(virtual))
+        except FileNotFoundError:
+            return
+        if not _mode_allows(st, 2 if write else 4):
+            raise PermissionError(errno.EACCES, "Permission denied", virtual)
+
     # -- BackendProtocol ------------------------------------------------------
+    #
+    # Every file tool resolves its path beneath the mount root in the same step
+    # that uses it (mount_tool.filetools); what fails is the result's error.
 
     def ls(self, path: str) -> LsResult:
-        """List the direct children of a directory in the mount."""
+        """List the direct children of a directory in the mount.
+
+        Directory paths carry no trailing `/` (`is_dir` says what they are), as
+        deepagents' sandbox backends list them.
+        """
         try:
-            virtual = self._confine(path)
-        except ValueError as exc:
-            return LsResult(error=f"Cannot list '{path}': {exc}")
-        return self._files.ls(virtual)
+            result = self._files.ls(self._confine(path))
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return LsResult(error=f"Cannot list '{path}': {_reason(exc)}")
+        for entry in result.entries or ():
+            if entry.get("is_dir") and entry["path"] != "/":
+                entry["path"] = entry["path"].rstrip("/")
+        return result
 
     def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
-        """Read a window of lines (text) or the whole file (binary, base64)."""
+        """Read a window of lines (text) or the whole file (binary, base64).
+
+        As in deepagents' sandbox backends, the lines of a window are joined
+        without a final newline, and binary files over 500 KiB are refused.
+        """
         try:
             virtual = self._confine(file_path)
-        except ValueError as exc:
-            return ReadResult(error=f"Error reading file '{file_path}': {exc}")
-        return self._files.read(virtual, offset, limit)
+            self._check_access(virtual)
+            result = self._files.read(virtual, offset, limit)
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return ReadResult(error=f"Error reading file '{file_path}': {_reason(exc)}")
+        data = result.file_data
+        if data and data.get("encoding") == "base64":
+            if len(data["content"]) * 3 // 4 > MAX_BINARY_BYTES:
+                return ReadResult(
+                    error=f"File '{file_path}': Binary file exceeds maximum preview size "
+                    f"of {MAX_BINARY_BYTES} bytes"
+                )
+        elif data and data["content"].endswith("\n"):
+            data["content"] = data["content"][:-1]
+        return result
 
     def grep(
         self,
@@ -199,18 +304,16 @@ class VfsdBackend(SandboxBackendProtocol):
     ) -> GrepResult:
         """Literal (not regex) search in the files under `path` (default: the whole mount)."""
         try:
-            virtual = self._confine(path)
-        except ValueError as exc:
-            return GrepResult(error=f"Error searching path '{path}': {exc}", matches=[])
-        return self._files.grep(pattern, virtual, glob, max_count=max_count)
+            return self._files.grep(pattern, self._confine(path), glob, max_count)
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return GrepResult(error=f"Error searching path '{path}': {_reason(exc)}", matches=[])
 
     def glob(self, pattern: str, path: str | None = None) -> GlobResult:
         """Files matching `pattern` under `path`, with deepagents' glob rules."""
         try:
-            virtual = self._confine(path)
-        except ValueError as exc:
-            return GlobResult(error=f"Error: '{path}': {exc}")
-        return self._files.glob(pattern, virtual)
+            return self._files.glob(pattern, self._confine(path))
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return GlobResult(error=f"Error: '{path}': {_reason(exc)}")
 
     def write(self, file_path: str, content: str) -> WriteResult:
         """Create or overwrite a file (parent directories are created)."""
@@ -218,9 +321,10 @@ class VfsdBackend(SandboxBackendProtocol):
             virtual = self._confine(file_path)
             if virtual == "/":
                 raise IsADirectoryError("/ is the mount root")
+            self._check_access(virtual, write=True)
             self.mount.write(virtual.lstrip("/"), content)
-        except (ValueError, OSError, ControlError) as exc:
-            return WriteResult(error=f"Error writing file '{file_path}': {exc}")
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return WriteResult(error=f"Error writing file '{file_path}': {_reason(exc)}")
         return WriteResult(path=virtual)
 
     def edit(
@@ -233,19 +337,18 @@ class VfsdBackend(SandboxBackendProtocol):
         """Replace `old_string` (unique unless `replace_all`) with `new_string`."""
         try:
             virtual = self._confine(file_path)
-        except ValueError as exc:
-            return EditResult(error=f"Error editing file '{file_path}': {exc}")
-        return self._files.edit(virtual, old_string, new_string, replace_all)
+            self._check_access(virtual, write=True)
+            return self._files.edit(virtual, old_string, new_string, replace_all)
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return EditResult(error=f"Error editing file '{file_path}': {_reason(exc)}")
 
     def delete(self, file_path: str) -> DeleteResult:
-        """Delete a file, or a directory and everything under it."""
+        """Delete a file, or a directory and everything under it (a symlink is
+        removed itself, never followed)."""
         try:
-            virtual = self._confine(file_path)
-        except ValueError as exc:
-            return DeleteResult(error=f"Error deleting '{file_path}': {exc}")
-        if virtual == "/":
-            return DeleteResult(error="Error: refusing to delete the mount root")
-        return self._files.delete(virtual)
+            return self._files.delete(self._confine(file_path))
+        except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
+            return DeleteResult(error=f"Error deleting '{file_path}': {_reason(exc)}")
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
         """Write each (path, bytes) pair; one response per input, in order."""
@@ -255,6 +358,7 @@ class VfsdBackend(SandboxBackendProtocol):
                 virtual = self._confine(path)
                 if virtual == "/":
                     raise IsADirectoryError(path)
+                self._check_access(virtual, write=True)
                 self.mount.write(virtual.lstrip("/"), data)
                 responses.append(FileUploadResponse(path=path))
             except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
@@ -266,12 +370,10 @@ class VfsdBackend(SandboxBackendProtocol):
         responses = []
         for path in paths:
             try:
-                real = self._real(self._confine(path))
-                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd, "rb") as f:
-                    if os.path.isdir(real):
-                        raise IsADirectoryError(path)
-                    responses.append(FileDownloadResponse(path=path, content=f.read()))
+                virtual = self._confine(path)
+                self._check_access(virtual)
+                content = self._files.download(virtual)
+                responses.append(FileDownloadResponse(path=path, content=content))
             except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
                 responses.append(FileDownloadResponse(path=path, error=_error_code(exc)))
         return responses
@@ -279,97 +381,69 @@ class VfsdBackend(SandboxBackendProtocol):
     # -- SandboxBackendProtocol ---------------------------------------------------
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
-        """Run a shell command in the mount root; stdout and stderr merged.
+        """Run a shell command in the sandbox; stdout and stderr merged, stderr lines marked.
 
-        `timeout` in seconds (None: the default; 0: no limit). A timed-out
-        command's process group is killed and exit code 124 returned.
+        `timeout` in seconds (None: the default; 0: no wall-time limit). A
+        timed-out command is killed, with everything it started, and exit code
+        124 returned with the output so far.
         """
         if not command or not isinstance(command, str):
             return ExecuteResponse(output="Error: Command must be a non-empty string.", exit_code=1)
-        limit = self.default_timeout if timeout is None else timeout
-        if limit < 0:
-            raise ValueError(f"timeout must be non-negative, got {limit}")
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be non-negative, got {timeout}")
         try:
-            proc = subprocess.Popen(  # noqa: S603 - running the agent's command is the point
-                [self.shell, "-c", command],
-                cwd=self.root,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return ExecuteResponse(output=f"Error: cannot start {self.shell}: {exc}", exit_code=1)
-        capture = _BoundedCapture(proc.stdout, self.max_output_bytes)
-        timed_out = False
-        try:
-            proc.wait(timeout=limit or None)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            proc.wait()
-        if not capture.finish(grace=1.0):
-            # Something the command left running still holds the pipe open.
-            _kill_group(proc)
-            capture.finish(grace=5.0)
-        output = capture.text()
-        if capture.dropped:
-            output += (
-                f"\n... [output truncated: {capture.total:,} bytes produced, "
-                f"the first {self.max_output_bytes:,} kept]"
-            )
-        if timed_out:
-            output += f"\nError: Command timed out after {limit} seconds."
+            result = self.sandbox.run(command, timeout)
+        except SandboxUnavailable as exc:
+            return ExecuteResponse(output=f"Error: {exc}", exit_code=126)
+        output = _describe_run(result, self.sandbox.limits, timeout)
         output = offload_tool_output(
             self.mount,
             output,
             f"execute-{uuid.uuid4().hex[:12]}",
             threshold_tokens=self.offload_threshold_tokens,
         )
-        return ExecuteResponse(
-            output=output,
-            exit_code=124 if timed_out else proc.returncode,
-            truncated=capture.dropped > 0,
+        return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=result.truncated)
+
+
+def _describe_run(result: RunResult, limits: ExecLimits, timeout: float | None) -> str:
+    """The text the model sees: output, then what cut or stopped it, then the exit code."""
+    lines = []
+    if result.truncated:
+        lines.append(
+            f"... Output truncated: {limits.output_bytes:,} of {result.produced:,} bytes kept."
         )
+    if result.stopped == "timeout":
+        limit = limits.timeout if timeout is None else timeout
+        lines.append(
+            f"Error: Command timed out after {limit:g} seconds (custom timeout). "
+            "The command may be stuck or require more time."
+            if timeout is not None
+            else f"Error: Command timed out after {limit:g} seconds. For long-running "
+            "commands, re-run using the timeout parameter."
+        )
+    elif result.stopped == "cpu":
+        lines.append(
+            f"Error: Command used more than {limits.cpu_seconds:g} seconds of CPU time "
+            "(all its processes together) and was stopped."
+        )
+    lines.extend(f"Note: {note}." for note in result.notes)
+    output = result.output
+    if lines:
+        if output and not output.endswith("\n"):
+            output += "\n"
+        output += "\n".join(lines)
+    if result.exit_code != 0 and result.stopped is None:
+        output = f"{output.rstrip()}\n\nExit code: {result.exit_code}"
+    return output
 
 
-class _BoundedCapture:
-    """Drain a pipe in a thread, keeping the first `limit` bytes and counting the rest."""
-
-    def __init__(self, pipe: Any, limit: int) -> None:
-        self.pipe = pipe
-        self.limit = limit
-        self.kept = bytearray()
-        self.total = 0
-        self.dropped = 0
-        self.thread = threading.Thread(target=self._drain, daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := self.pipe.read1(1 << 16):
-                self.total += len(chunk)
-                room = self.limit - len(self.kept)
-                if room > 0:
-                    self.kept += chunk[:room]
-                self.dropped += max(0, len(chunk) - max(room, 0))
-
-    def finish(self, grace: float) -> bool:
-        """Wait up to `grace` s for end of output; True when the pipe is drained."""
-        self.thread.join(grace)
-        if self.thread.is_alive():
-            return False
-        self.pipe.close()
-        return True
-
-    def text(self) -> str:
-        return bytes(self.kept).decode("utf-8", errors="replace")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _mode_allows(st: os.stat_result, bit: int) -> bool:
+    """Whether the mode bits grant `bit` (4 read, 2 write) to a process without capabilities."""
+    if st.st_uid == os.geteuid():
+        return bool(st.st_mode & (bit << 6))
+    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        return bool(st.st_mode & (bit << 3))
+    return bool(st.st_mode & bit)
 
 
 def _error_code(exc: Exception) -> str:
@@ -380,11 +454,21 @@ def _error_code(exc: Exception) -> str:
         return IS_DIRECTORY
     if isinstance(exc, PermissionError):
         return PERMISSION_DENIED
-    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+    if isinstance(exc, OSError) and exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENAMETOOLONG,
+                                                   errno.EINVAL):
         return INVALID_PATH
     if isinstance(exc, (ValueError, NotADirectoryError, FileExistsError)):
         return INVALID_PATH
     return f"{type(exc).__name__}: {exc}"
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as the text of a tool's error result."""
+    if isinstance(exc, RecursionError):
+        return "the path is too deep"
+    if isinstance(exc, OSError) and exc.errno == errno.EXDEV:
+        return "the path leads outside the mount"
+    return str(exc) or type(exc).__name__
 
 
 # -- the middleware ---------------------------------------------------------------
@@ -424,7 +508,11 @@ class VfsdMiddleware(AgentMiddleware):
       and None for files it deleted;
     - around the model call: `write_file`/`edit_file` arguments longer than
       `compact_threshold_chars` move to the mount and the AIMessage keeps a
-      marker (see the module docstring).
+      marker (see the module docstring);
+    - the system prompt gets `prompt_note`: how paths work for the file tools
+      and `execute`, and the command limits (default: the note of a default
+      `VfsdBackend`; pass `backend.prompt_note()` for another configuration,
+      "" for none).
     """
 
     state_schema = VfsdAgentState
@@ -435,6 +523,7 @@ class VfsdMiddleware(AgentMiddleware):
         *,
         compact_threshold_chars: int = DEFAULT_COMPACT_THRESHOLD_CHARS,
         advance_step: bool = True,
+        prompt_note: str | None = None,
     ) -> None:
         super().__init__()
         if compact_threshold_chars < 1:
@@ -442,6 +531,7 @@ class VfsdMiddleware(AgentMiddleware):
         self.mount = mount
         self.compact_threshold_chars = compact_threshold_chars
         self.advance_step = advance_step
+        self.prompt_note = Sandbox(mount.root).prompt_note() if prompt_note is None else prompt_note
         self.tools = []
 
     # -- keeping `files` true --------------------------------------------------
@@ -492,15 +582,23 @@ class VfsdMiddleware(AgentMiddleware):
         superstep, hence one checkpoint, fewer per turn.
         """
         update = self._turn_update(request.state)
-        response = self._compact_response(handler(request))
+        response = self._compact_response(handler(self._with_note(request)))
         return _with_command(response, update)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Async `wrap_model_call`; mount I/O runs in worker threads."""
         update = await asyncio.to_thread(self._turn_update, request.state)
-        response = await handler(request)
+        response = await handler(self._with_note(request))
         response = await asyncio.to_thread(self._compact_response, response)
         return _with_command(response, update)
+
+    def _with_note(self, request: Any) -> Any:
+        """`request` with the path-convention note at the end of its system message."""
+        if not self.prompt_note:
+            return request
+        return request.override(
+            system_message=append_to_system_message(request.system_message, self.prompt_note)
+        )
 
     def _compact_response(self, response: Any) -> Any:
         if isinstance(response, AIMessage):
@@ -595,7 +693,7 @@ class VfsdMiddleware(AgentMiddleware):
                 continue
             path, expected = match.groups()
             try:
-                data = self._real_path(path).read_bytes()
+                data = self.mount.read_bytes(path.lstrip("/"))
             except (OSError, ValueError):
                 data = None
             if data is None or self.mount.hash_of(data) != expected:
@@ -617,13 +715,10 @@ class VfsdMiddleware(AgentMiddleware):
     def _unstage(self, staged: Iterable[str]) -> None:
         for path in staged:
             with contextlib.suppress(OSError, ValueError):
-                self._real_path(path).unlink()
+                self.mount.remove(path.lstrip("/"))
         if staged:
             with contextlib.suppress(OSError, ValueError):
-                self._real_path("/" + STAGING_DIR).rmdir()  # only when empty
-
-    def _real_path(self, virtual: str) -> Path:
-        return self.mount.resolve_path(virtual.lstrip("/"))
+                self.mount.remove(STAGING_DIR, directory=True)  # only when empty
 
     def _with_files(self, result: Any, request: Any, since_step: int) -> Any:
         if request.tool_call.get("name") in READ_ONLY_TOOLS:
@@ -647,6 +742,14 @@ class VfsdMiddleware(AgentMiddleware):
             if updates:
                 return Command(update={"messages": [result], "files": updates})
         return result
+
+
+def append_to_system_message(message: SystemMessage | None, text: str) -> SystemMessage:
+    """`message` with `text` added as a last text block (a new message if None)."""
+    blocks = list(message.content_blocks) if message is not None else []
+    if blocks:
+        text = f"\n\n{text}"
+    return SystemMessage(content_blocks=[*blocks, {"type": "text", "text": text}])
 
 
 def _with_command(response: Any, update: dict[str, Any] | None) -> Any:
@@ -741,29 +844,55 @@ def create_vfsd_deep_agent(
     middleware: Iterable[Any] = (),
     compact_threshold_chars: int = DEFAULT_COMPACT_THRESHOLD_CHARS,
     backend_options: Mapping[str, Any] | None = None,
+    subagents: Iterable[Any] | None = None,
     **kwargs: Any,
 ) -> Any:
     """`create_deep_agent` with a `VfsdBackend` on `mount` and a `VfsdMiddleware`.
 
-    A `checkpointer` is wrapped in a `VfsdCheckpointer` on `mount` (unless it
-    is one already), so a replayed, forked or resumed thread finds its files as
-    they were. Other keyword arguments go to `create_deep_agent` unchanged.
+    Subagents run the same middleware: the general-purpose subagent (which
+    deepagents would otherwise build with its default middleware only) and
+    every declarative `SubAgent` spec in `subagents` that does not list a
+    `VfsdMiddleware` itself. Compiled and async subagents are built elsewhere
+    and are passed on unchanged. The system prompts get the backend's path
+    convention (`VfsdBackend.prompt_note`). A `checkpointer` is wrapped in a
+    `VfsdCheckpointer` on `mount` (unless it is one already), so a replayed,
+    forked or resumed thread finds its files as they were. Other keyword
+    arguments go to `create_deep_agent` unchanged.
     """
     from deepagents import create_deep_agent
+    from deepagents.middleware.subagents import GENERAL_PURPOSE_SUBAGENT
 
     saver = kwargs.get("checkpointer")
     if isinstance(saver, BaseCheckpointSaver) and not isinstance(saver, VfsdCheckpointer):
         kwargs["checkpointer"] = VfsdCheckpointer(saver, mount)
     backend = VfsdBackend(mount, **dict(backend_options or {}))
+    note = backend.prompt_note()
+
+    def vfsd_middleware() -> VfsdMiddleware:
+        return VfsdMiddleware(
+            mount, compact_threshold_chars=compact_threshold_chars, prompt_note=note
+        )
+
+    specs = [_with_vfsd_middleware(spec, vfsd_middleware) for spec in subagents or ()]
+    if not any(spec.get("name") == GENERAL_PURPOSE_SUBAGENT["name"] for spec in specs):
+        specs.insert(0, {**GENERAL_PURPOSE_SUBAGENT, "middleware": [vfsd_middleware()]})
     return create_deep_agent(
         model,
         backend=backend,
-        middleware=[
-            VfsdMiddleware(mount, compact_threshold_chars=compact_threshold_chars),
-            *middleware,
-        ],
+        middleware=[vfsd_middleware(), *middleware],
+        subagents=specs,
         **kwargs,
     )
+
+
+def _with_vfsd_middleware(spec: Any, make: Callable[[], VfsdMiddleware]) -> Any:
+    """A declarative subagent spec with a VfsdMiddleware first in its middleware."""
+    if not isinstance(spec, Mapping) or "runnable" in spec or "graph_id" in spec:
+        return spec  # compiled or async: its middleware is not ours to set
+    own = list(spec.get("middleware") or [])
+    if any(isinstance(m, VfsdMiddleware) for m in own):
+        return spec
+    return {**spec, "middleware": [make(), *own]}
 
 
 __all__ = [

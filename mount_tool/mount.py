@@ -7,18 +7,21 @@ mounted directory (POSIX calls) and the control socket.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .beneath import makedirs_beneath, open_beneath, relative_parts
 from .client import ControlClient
-from .errors import Evicted, Missing, MountError, MountToolError, StaleRef
+from .errors import ControlError, Evicted, Missing, MountError, MountToolError, StaleRef
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
 
@@ -26,7 +29,9 @@ VFSD_CLI = [sys.executable, "-m", "vfsd.cli"]
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.
 PING_WAIT_SECONDS = 10.0
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+_OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
+#: FUSE's root inode number: what the mount root's fd must show
+FUSE_ROOT_INO = 1
 # What _read_same_inode returns when the inode is there but cannot match the ref.
 _CHANGED = object()
 # Retained snapshots, read-only, inside the mount.
@@ -36,14 +41,29 @@ NOT_IN_SNAPSHOTS = "no retained snapshot holds that version"
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
     """True when `path` is a mount point in this process's mount namespace."""
-    target = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
+    target = os.fsencode(os.path.realpath(path))
+    # Bytes: a mount point's name need not be UTF-8.
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             # mountinfo escapes space, tab, newline and backslash as \ooo.
-            mount_point = _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), line.split()[4])
-            if mount_point == target:
+            field = line.split(b" ")[4]
+            if _OCTAL_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field) == target:
                 return True
     return False
+
+
+def _confined(opener: Callable[[], int], path: str, *, symlinks_refused: bool = False) -> int:
+    """`opener()`, with the kernel's "that leads outside" (EXDEV, from
+    RESOLVE_BENEATH) turned into the ValueError every path API raises; with
+    `symlinks_refused`, ELOOP too (a symlink where the checked path had none)."""
+    try:
+        return opener()
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise ValueError(f"{path!r} leads outside the mount") from None
+        if exc.errno == errno.ELOOP and symlinks_refused:
+            raise ValueError(f"{path!r} was replaced by a symlink while in use") from None
+        raise
 
 
 def mount_flags(options: Mapping[str, Any]) -> list[str]:
@@ -199,23 +219,103 @@ class Mount:
     # -- files ----------------------------------------------------------------
 
     def write(self, path: str | os.PathLike[str], data: bytes | str) -> FileRef:
-        """Write `data` to `path` (creating parent dirs) and return its FileRef."""
-        target = self.resolve_path(path)
+        """Write `data` to `path` (creating parent dirs) and return its FileRef.
+
+        The path is resolved and used in one step beneath the mount root
+        (see `open_file`): a directory swapped for a symlink to the outside
+        meanwhile makes the write fail with ValueError, never land outside.
+        """
+        rel = self.relative(path)
         if isinstance(data, str):
             data = data.encode()
-        if target == Path(os.path.realpath(self.root)):
-            raise IsADirectoryError(str(target))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        parts = relative_parts(rel)
+        if not parts:
+            raise IsADirectoryError(str(self.root))
+        with self.root_fd() as root:
+            dir_fd = _confined(lambda: makedirs_beneath(root, b"/".join(parts[:-1])), rel)
+            try:
+                fd = _confined(lambda: open_beneath(
+                    dir_fd, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644,
+                    follow_symlinks=False), rel, symlinks_refused=True)
+            finally:
+                os.close(dir_fd)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        ref = self._ref_of(target)
+            ino = os.fstat(f.fileno()).st_ino
+        ref = self._ref_written(rel, ino)
         if ref["hash"] != self.hash_of(data):
             raise MountToolError(
                 f"{ref['path']} changed between the write and taking its reference "
                 "(another writer?)"
             )
         return ref
+
+    def _ref_written(self, rel: str, ino: int) -> FileRef:
+        """The ref of the file just written through inode `ino`: by its path,
+        or by its inode if the path no longer leads to it (moved meanwhile)."""
+        try:
+            ref = as_ref(self.client.call("ref", path=rel))
+        except ControlError as exc:
+            if exc.code not in ("not_found", "not_a_file"):
+                raise
+            ref = None
+        if ref is None or ref["ino"] != ino:
+            ref = as_ref(self.client.call("ref", ino=ino))
+        return ref
+
+    def open_file(self, path: str | os.PathLike[str], flags: int = os.O_RDONLY,
+                  mode: int = 0o644) -> int:
+        """A file descriptor for `path`, resolved beneath the mount root in one step.
+
+        Symlinks are followed only while they stay inside the mount; the
+        kernel checks every step during the open itself (openat2 with
+        RESOLVE_BENEATH), so no swap between a check and the use can lead
+        outside. ValueError if the path leads outside; OSError as open() gives.
+        """
+        rel = self.relative(path)
+        with self.root_fd() as root:
+            return _confined(lambda: open_beneath(root, rel, flags, mode), rel)
+
+    def read_bytes(self, path: str | os.PathLike[str]) -> bytes:
+        """The content of the regular file at `path` (confined as `open_file`)."""
+        fd = self.open_file(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise IsADirectoryError(f"{path} is not a regular file")
+            return f.read()
+
+    def remove(self, path: str | os.PathLike[str], *, directory: bool = False) -> None:
+        """Unlink the file (or, with `directory`, the empty directory) at `path`.
+
+        The parent is resolved beneath the mount root; the last name is never
+        followed, so a symlink is removed itself, never its target.
+        """
+        parts = relative_parts(self.relative(path))
+        if not parts:
+            raise PermissionError(f"{self.root} is the mount root")
+        with self.root_fd() as root:
+            dir_fd = _confined(lambda: open_beneath(
+                root, b"/".join(parts[:-1]), os.O_PATH | os.O_DIRECTORY), str(path))
+        try:
+            if directory:
+                os.rmdir(parts[-1], dir_fd=dir_fd)
+            else:
+                os.unlink(parts[-1], dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    @contextlib.contextmanager
+    def root_fd(self) -> Iterator[int]:
+        """`with m.root_fd() as fd:` an O_PATH fd of the mount root, for
+        `*at()` calls and `beneath.open_beneath`. Hold it for one operation
+        only: an open fd keeps the mount busy at unmount."""
+        fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_ino != FUSE_ROOT_INO:
+                raise OSError(errno.ENOTCONN, f"{self.root} is not a mounted vfsd root")
+            yield fd
+        finally:
+            os.close(fd)
 
     def ref(self, path: str | os.PathLike[str]) -> FileRef:
         """The current FileRef of the file at `path` (e.g. one a shell tool wrote)."""
@@ -267,13 +367,16 @@ class Mount:
             if not found.get("found"):
                 return None
             try:
-                target = self.resolve_path(
-                    Path(SNAPSHOTS_DIR, str(found["id"]), str(found["path"]))
-                )
-                fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
-            except (ValueError, OSError):
+                rel = str(PurePosixPath(SNAPSHOTS_DIR, str(found["id"]), str(found["path"])))
+                with self.root_fd() as root:
+                    # The daemon's path has no symlinks: never follow one.
+                    fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY,
+                                      follow_symlinks=False)
+            except OSError:
                 continue
             with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return None
                 data = f.read()
             if self.hash_of(data) == ref["hash"]:
                 return data
@@ -295,8 +398,11 @@ class Mount:
         already shows the content changed (no need to read it).
         """
         try:
-            target = self.resolve_path(path)
-            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+            rel = self.relative(path)
+            with self.root_fd() as root:
+                # The daemon's path has no symlinks: any there now was swapped in.
+                fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY,
+                                  follow_symlinks=False)
         except (ValueError, OSError):
             # Gone, replaced by a directory, or a stale kernel entry (ESTALE):
             # the daemon's `resolve` tells which.
@@ -346,10 +452,14 @@ class Mount:
 
     def changes(self, since_step: int) -> dict[str, Any]:
         """Files changed and removed since `since_step`: {"step", "changed", "removed"}."""
-        res = self.client.call("changes", since=int(since_step))
-        res["changed"] = [as_ref(r) for r in res.get("changed", [])]
-        res.setdefault("removed", [])
-        return res
+        first = res = self.client.call("changes", since=int(since_step))
+        changed = [as_ref(r) for r in res.get("changed", [])]
+        # The daemon answers a page at a time, so no reply holds its loop long.
+        while res.get("next"):
+            res = self.client.call("changes", since=int(since_step), after=res["next"])
+            changed += [as_ref(r) for r in res.get("changed", [])]
+        return {"step": first.get("step"), "changed": changed,
+                "removed": first.get("removed", [])}
 
     def evicted(self, limit: int = 100) -> list[dict[str, Any]]:
         """The most recent eviction records, newest last."""

@@ -3,9 +3,10 @@
 `confine` decides before anything is created or written: it refuses NUL bytes,
 relative paths whose `..` components climb above the root at any point, absolute
 paths elsewhere, and paths whose symlinks (resolved with realpath, which only
-reads link targets) lead outside. A symlink swapped in between the check and the
-use is not covered; the daemon's own `forbidden` check on control paths is the
-second line.
+reads link targets) lead outside. This check is for clear errors; what makes a
+use safe is that it resolves the path again, beneath the mount root, in the same
+system call that opens it (`beneath.open_beneath`): a symlink swapped in after
+the check cannot lead that use outside.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 EXTRAS="${VFSD_EXTRAS:-dev,agents}"
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config attr python3-venv python3-dev gcc postgresql systemd git make rsync)
+# bubblewrap: the execute sandbox; python-is-python3: `python` inside it (deepagents' standard
+# sandbox tests run `python -c ...`); git, make, rsync: the workload benchmarks.
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config attr python3-venv python3-dev gcc postgresql systemd
+              bubblewrap python-is-python3 git make rsync)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

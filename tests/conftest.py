@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,9 +34,13 @@ def vfsd_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.
 
 
 def is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == target for line in f)
+    """True when `path` is a mount point (mountinfo's octal escapes decoded)."""
+    target = os.fsencode(os.path.realpath(path))
+    with open("/proc/self/mountinfo", "rb") as f:
+        return any(
+            re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), line.split(b" ")[4]) == target
+            for line in f
+        )
 
 
 def unmount_quietly(mount) -> None:

@@ -13,7 +13,9 @@ import json
 import os
 import socket
 import stat
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -245,7 +247,7 @@ def test_changes_since_a_step(run) -> None:
             f.write(b" changed")
         (root / "d").write_bytes(b"new at 2")
         c.call("set_step", step=3)
-        assert os.system(f"rm {root / 'b'} {root / 'sub/c'}") == 0
+        subprocess.run(["rm", "--", root / "b", root / "sub/c"], check=True)
         report = c.call("set_step", step=4)
         assert [r["path"] for r in report["evicted"]] == ["e"]
 
@@ -269,7 +271,7 @@ def test_changes_since_a_step(run) -> None:
         assert {r["path"] for r in everything["changed"]} == {"a", "d", "old"}
         assert len(everything["removed"]) == 3
         later = c.call("changes", since=5)
-        assert later == {"step": 4, "changed": [], "removed": []}
+        assert later == {"step": 4, "changed": [], "removed": [], "next": None}
         assert c.error("changes")["code"] == "bad_request"
         assert c.error("changes", since="2")["code"] == "bad_request"
 
@@ -410,26 +412,33 @@ def test_set_step_backwards_is_refused(run) -> None:
 
 
 def test_many_connections_at_once(run) -> None:
+    """100 connections against 64 slots: newcomers make room by closing the
+    oldest connections that had not sent a request yet; the bystander, which
+    had, keeps its connection, and nobody gets a confusing reply."""
     with survivors(run):
         conns = [connect(run.run_dir) for _ in range(100)]
         try:
             for i, c in enumerate(conns):
                 try:
                     c.send_raw(json.dumps({"op": "ping", "id": i}).encode() + b"\n")
-                except BrokenPipeError:
-                    pass  # refused over the limit: the reply below says so
-            ok = refused = 0
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # closed to make room: no reply below
+            ok, closed = 0, []
             for i, c in enumerate(conns):
-                line = c.recv_line()
-                assert line, f"connection {i} closed without a reply"
+                try:
+                    line = c.recv_line()
+                except ConnectionResetError:
+                    line = b""
+                if not line:
+                    closed.append(i)
+                    continue
                 reply = json.loads(line)
-                if reply["ok"]:
-                    assert reply["id"] == i and reply["result"]["pong"] is True
-                    ok += 1
-                else:  # over the connection limit: a clear error, then closed
-                    assert reply["error"]["code"] in ("busy", "too_many_connections")
-                    refused += 1
-            assert ok + refused == 100 and ok >= 32
+                assert reply["ok"] is True, reply
+                assert reply["id"] == i and reply["result"]["pong"] is True
+                ok += 1
+            # Closed ones were silent when they made room (which ones depends
+            # on how far the daemon's accepting had got while pings came in).
+            assert ok + len(closed) == 100 and ok >= 60, (ok, closed)
         finally:
             for c in conns:
                 c.close()
@@ -593,3 +602,219 @@ def test_overlong_path_component_is_a_bad_request(run) -> None:
     reply = error(run.run_dir, "ref", path="x" * 600 + "/y")
     assert reply["code"] == "bad_request" and "255" in reply["message"]
     assert call(run.run_dir, "ping")["pong"] is True
+
+
+# ------------------------------------------------- malformed beyond parsing
+
+
+def strict_json(line: bytes) -> dict:
+    """A reply parsed as strict JSON: NaN and Infinity are not JSON."""
+
+    def refuse(name: str):
+        raise AssertionError(f"the reply holds {name}, which is not JSON: {line[:200]!r}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_deeply_nested_request_gets_an_error_not_a_dead_daemon(run) -> None:
+    pid = int((run.state_dir / "vfsd.pid").read_text())
+    with survivors(run), connect(run.run_dir) as c:
+        for depth in (33, 1_000, 100_000):
+            for line in (
+                b'{"op": "ping", "x": ' + b"[" * depth + b"]" * depth + b"}",
+                b'{"op": "ping", "x": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}",
+                b"[" * depth,  # never closed
+            ):
+                c.send_raw(line + b"\n")
+                reply = strict_json(c.recv_line())
+                assert reply["ok"] is False and reply["error"]["code"] == "bad_json", depth
+                assert "arrays and objects" in reply["error"]["message"]
+        # Brackets inside strings do not count; 32 levels are fine.
+        assert c.request("ping", x="[" * 5000)["ok"] is True
+        nested: list = []
+        for _ in range(30):
+            nested = [nested]
+        assert c.request("ping", x=nested)["ok"] is True
+    assert int((run.state_dir / "vfsd.pid").read_text()) == pid
+    assert (run.root / "alive").write_bytes(b"the mount still answers") == 23
+
+
+def test_non_finite_ids_and_numbers_are_refused(run) -> None:
+    with survivors(run), connect(run.run_dir) as c:
+        for doc in (
+            b'{"op": "ping", "id": NaN}',
+            b'{"op": "ping", "id": Infinity}',
+            b'{"op": "ping", "id": [-Infinity]}',
+            b'{"op": "ping", "id": 1e999}',
+            b'{"op": "set_step", "step": 1e400}',
+        ):
+            c.send_raw(doc + b"\n")
+            reply = strict_json(c.recv_line())
+            assert reply["ok"] is False and reply["error"]["code"] == "bad_json", doc
+            assert reply["id"] is None
+        # Finite floats still echo as they came.
+        assert strict_json(json.dumps(c.request("ping", id=1.5)).encode())["id"] == 1.5
+
+
+def test_lone_surrogate_path_is_a_bad_request(run) -> None:
+    (run.root / "f").write_bytes(b"f")
+    with survivors(run), connect(run.run_dir) as c:
+        for raw in (b'"\\ud800"', b'"f\\udfff/x"', b'"\\ud83d"'):
+            c.send_raw(b'{"op": "ref", "path": ' + raw + b"}\n")
+            reply = strict_json(c.recv_line())
+            assert reply["ok"] is False and reply["error"]["code"] == "bad_request", raw
+            assert "Unicode" in reply["error"]["message"]
+        # Surrogate escapes of non-UTF-8 bytes are names, not errors.
+        assert c.error("ref", path="caf\udce9")["code"] == "not_found"
+    assert "Traceback" not in run.log_text()
+
+
+def test_client_vanishing_mid_reply(run) -> None:
+    """A client that asks for a large reply and closes before reading it."""
+    with survivors(run):
+        for _ in range(20):
+            c = connect(run.run_dir)
+            c.send_raw(json.dumps({"op": "ping", "id": "x" * 900_000}).encode() + b"\n")
+            c.close()
+        c = connect(run.run_dir)
+        c.send_raw(json.dumps({"op": "stats", "id": "y" * 900_000}).encode() + b"\n")
+        c.recv_line  # noqa: B018 - nothing read: the reply is still being sent
+        c.sock.shutdown(socket.SHUT_RDWR)
+        c.close()
+
+
+# ------------------------------------------------------ connection slots
+
+
+def test_idle_connections_do_not_lock_out_the_control_plane(run) -> None:
+    """64 connections that send nothing: clients still get in, mount_tool's
+    persistent client and the vfsd CLI alike."""
+    import mount_tool
+    from mount_tool.client import ControlClient
+
+    idle = [connect(run.run_dir) for _ in range(64)]
+    try:
+        client = ControlClient(sock_path(run.run_dir))
+        assert client.ping()
+        assert client.call("get_step") == {"step": 0}
+        step = run.cli("step", run.run_dir, "1")
+        assert step.returncode == 0 and "step 1" in step.stdout
+        m = mount_tool.Mount.attach(run.run_dir)
+        assert m.get_step() == 1
+        # More idle connections arrive; the clients that already made requests keep theirs.
+        idle += [connect(run.run_dir) for _ in range(64)]
+        assert client.call("get_step") == {"step": 1} and m.get_step() == 1
+        m.detach()
+        client.close()
+    finally:
+        for c in idle:
+            c.close()
+
+
+@pytest.fixture
+def short_idle(run_factory):
+    return run_factory("short-idle", "--control-idle-timeout", "1")
+
+
+def read_until_closed(sock: socket.socket, limit_s: float = 30.0) -> int:
+    """Bytes received until the daemon closed the connection (bounded wait)."""
+    sock.settimeout(limit_s)
+    total = 0
+    while chunk := sock.recv(1 << 16):
+        total += len(chunk)
+    return total
+
+
+def test_idle_timeout_closes_silent_stalled_and_unread_connections(short_idle) -> None:
+    from mount_tool.client import ControlClient
+
+    run = short_idle
+    silent, stalled, unread = (connect(run.run_dir) for _ in range(3))
+    try:
+        stalled.send_raw(b'{"op": "pi')
+        request = json.dumps({"op": "ping", "id": "z" * 900_000}).encode() + b"\n"
+        unread.send_raw(request)
+        assert read_until_closed(silent.sock) == 0
+        assert read_until_closed(stalled.sock) == 0
+        time.sleep(0.5)  # not a measurement: lets the daemon give up on the reply first
+        assert read_until_closed(unread.sock) < len(request), "the whole reply was sent"
+        # A client that keeps its connection open reconnects once the daemon closed it.
+        client = ControlClient(sock_path(run.run_dir))
+        assert client.ping()
+        kept = client._sock
+        assert kept is not None and read_until_closed(kept) == 0  # closed while idle
+        assert client.call("get_step") == {"step": 0}
+        assert client._sock is not kept
+        client.close()
+    finally:
+        for c in (silent, stalled, unread):
+            c.close()
+    with connect(run.run_dir) as c:
+        assert_pong(c)
+
+
+def test_saturated_daemon_gives_a_clear_error(run) -> None:
+    """Every slot is busy sending a reply that its client does not read: a new
+    client is told so, in words, instead of `reply id None != 2`."""
+    import mount_tool
+    from mount_tool.client import ControlClient
+
+    stuck = []
+    try:
+        for i in range(64):  # 64 slots (48 per uid for a daemon not running as root)
+            c = connect(run.run_dir)
+            # A ~900 KB reply: far more than the socket holds, so the daemon
+            # waits (up to the idle timeout) for a reader that never comes.
+            try:
+                c.send_raw(json.dumps({"op": "ping", "id": f"{i}" + "w" * 900_000}).encode())
+                c.send_raw(b"\n")
+            except BrokenPipeError:  # refused: every slot is stuck already
+                c.close()
+                break
+            stuck.append(c)
+            c.sock.settimeout(30)
+            assert c.sock.recv(100, socket.MSG_PEEK), "the daemon did not start replying"
+        client = ControlClient(sock_path(run.run_dir))
+        with pytest.raises(mount_tool.ControlError) as exc:
+            client.call("get_step")
+        assert exc.value.code == "busy"
+        assert "saturated" in str(exc.value) and "None" not in str(exc.value)
+        proc = run.cli("step", run.run_dir, "1", check=False)
+        assert proc.returncode == 1 and "saturated" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    finally:
+        for c in stuck:
+            c.close()
+    # The stuck replies fail, their slots come back.
+    with connect(run.run_dir) as c:
+        assert_pong(c)
+    assert ControlClient(sock_path(run.run_dir)).call("get_step") == {"step": 0}
+
+
+def test_changes_come_in_pages_and_never_grow_the_store(run) -> None:
+    """`changes(since=0)` over thousands of files: every ref arrives, a page at a
+    time, and the LMDB file does not grow (a long read transaction held across
+    per-file writes once made it grow by hundreds of MB)."""
+    root = run.root
+    n = 3000
+    for i in range(n):
+        (root / f"f{i:05d}").write_bytes(b"%d" % i)
+    data_mdb = run.state_dir / "lmdb" / "data.mdb"
+    before = data_mdb.stat().st_size
+    with connect(run.run_dir) as c:
+        first = c.call("changes", since=0, limit=1000)
+        assert len(first["changed"]) == 1000 and first["next"]
+        seen = {r["path"] for r in first["changed"]}
+        page = first
+        while page["next"]:
+            page = c.call("changes", since=0, after=page["next"], limit=1000)
+            assert page["removed"] == []
+            seen |= {r["path"] for r in page["changed"]}
+        assert seen == {f"f{i:05d}" for i in range(n)}
+        assert c.error("changes", since=0, after=[1])["code"] == "bad_request"
+        assert c.error("changes", since=0, after=["x", 1])["code"] == "bad_request"
+    import mount_tool
+
+    with mount_tool.Mount.attach(run.run_dir) as m:
+        assert len(m.changes(0)["changed"]) == n
+    assert data_mdb.stat().st_size - before < 4 << 20

@@ -56,6 +56,21 @@ def scripted_model(messages: Iterable[AIMessage]) -> ScriptedChatModel:
     return ScriptedChatModel(messages=iter(list(messages)), profile={"max_input_tokens": 10**9})
 
 
+class RecordingModel:
+    """A scripted model (`.model`) that keeps the messages of every call in `.calls`."""
+
+    def __init__(self, script: list[AIMessage]) -> None:
+        self.calls: list[list[Any]] = []
+        recorder = self
+
+        class _Recording(ScriptedChatModel):
+            def _generate(self, messages, *args, **kwargs):
+                recorder.calls.append(list(messages))
+                return super()._generate(messages, *args, **kwargs)
+
+        self.model = _Recording(messages=iter(script), profile={"max_input_tokens": 10**9})
+
+
 def tool_call(name: str, call_id: str, **args: Any) -> dict[str, Any]:
     return {"name": name, "args": args, "id": call_id, "type": "tool_call"}
 
@@ -179,9 +194,9 @@ def test_backend_file_operations(mnt):
     assert (mnt.root / "notes/plan.md").read_text() == "one\nTWO\nthree\n"
     assert b.edit("/notes/plan.md", "absent", "x").error
 
-    up = b.upload_files([("/bin/blob.bin", b"\x00\xff" * 10), ("/../escape", b"x")])
+    up = b.upload_files([("/data/blob.bin", b"\x00\xff" * 10), ("/../escape", b"x")])
     assert up[0].error is None and up[1].error == "invalid_path"
-    down = b.download_files(["/bin/blob.bin", "/missing", "/notes"])
+    down = b.download_files(["/data/blob.bin", "/missing", "/notes"])
     assert down[0].content == b"\x00\xff" * 10
     assert [d.error for d in down[1:]] == ["file_not_found", "is_directory"]
 
@@ -198,6 +213,27 @@ def test_backend_file_operations(mnt):
     assert content == "async body" and entries[0]["path"] == "/a/x.txt"
 
 
+def open_files_under(root: Path) -> list[str]:
+    """Paths under `root` that this process holds open."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target == str(root) or target.startswith(f"{root}/"):
+            held.append(target)
+    return held
+
+
+def test_download_of_a_directory_leaves_no_open_file(mnt):
+    """A leaked descriptor would keep the mount busy: `vfsd umount` refuses."""
+    (mnt.root / "adir").mkdir()
+    b = VfsdBackend(mnt)
+    assert [d.error for d in b.download_files(["/adir", "/"])] == ["is_directory"] * 2
+    assert open_files_under(mnt.root) == []
+
+
 def test_backend_confines_paths(mnt, tmp_path):
     b = VfsdBackend(mnt)
     outside = tmp_path / "outside.txt"
@@ -209,13 +245,17 @@ def test_backend_confines_paths(mnt, tmp_path):
     assert outside.read_text() == "secret"
     assert b.ls("/../..").error
     assert b.grep("secret", "/link").matches == []
-    # A real absolute path inside the mount means that file; any other absolute
-    # path is a virtual path under the mount root, never the host path.
-    assert b.write(str(mnt.root / "inside.txt"), "ok").path == "/inside.txt"
-    elsewhere = tmp_path / "elsewhere.txt"
+    # An absolute path is a path under the mount root, never the host path: the
+    # same file the sandboxed shell sees under that name.
+    elsewhere = Path("/home/vfsd-test-nobody/elsewhere.txt")
     assert b.write(str(elsewhere), "virtual").error is None
     assert not elsewhere.exists()
     assert (mnt.root / str(elsewhere).lstrip("/")).read_text() == "virtual"
+    # Unisolated, commands print host paths: the mount's own host path is accepted.
+    unisolated = VfsdBackend(mnt, isolation="none")
+    assert unisolated.write(str(mnt.root / "inside.txt"), "ok").path == "/inside.txt"
+    # Relative paths are refused: the protocol's paths start with '/'.
+    assert "absolute" in b.write("relative.txt", "x").error
 
 
 def test_execute_runs_in_mount_with_timeout_and_cap(mnt):
@@ -223,13 +263,14 @@ def test_execute_runs_in_mount_with_timeout_and_cap(mnt):
     (mnt.root / "in.txt").write_text("from the mount\n")
     res = b.execute("pwd; cat in.txt; echo err >&2; exit 3")
     assert res.exit_code == 3
-    assert res.output.splitlines() == [str(mnt.root), "from the mount", "err"]
+    # The mount root is the sandbox's /; stderr lines are marked.
+    assert res.output.splitlines() == ["/", "from the mount", "[stderr] err", "", "Exit code: 3"]
 
     slow = b.execute("sleep 30; echo never", timeout=1)
     assert slow.exit_code == 124 and "timed out" in slow.output and "never" not in slow.output
 
     capped = b.execute("yes abcdefghi | head -c 200000")
-    assert capped.truncated and "200,000 bytes produced" in capped.output
+    assert capped.truncated and "10,000 of 200,000 bytes kept" in capped.output
     assert len(capped.output) < 12_000
 
 
@@ -335,6 +376,52 @@ def test_subagent_writes_and_deletes_are_seen_by_parent(mnt):
     for key in state["files"]:
         assert state["files"][key] == mnt.ref(key.lstrip("/"))
     assert not (mnt.root / "old.txt").exists()
+
+
+def test_subagent_runs_vfsd_middleware(mnt):
+    """The general-purpose subagent's own large write stays out of its messages."""
+    big = file_body("/sub/big.txt", 50_000)
+    recording = RecordingModel([
+        # parent
+        turn(tool_call("task", "p1", description="write it", subagent_type="general-purpose")),
+        # the subagent
+        turn(tool_call("write_file", "s1", file_path="/sub/big.txt", content=big)),
+        AIMessage(content="written"),
+        # parent again
+        AIMessage(content="done"),
+    ])
+    agent = create_vfsd_deep_agent(mnt, recording.model, checkpointer=InMemorySaver())
+    state = agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "t"}})
+    assert (mnt.root / "sub/big.txt").read_text() == big
+    assert state["files"]["/sub/big.txt"]["hash"] == content_hash(big.encode())
+    assert not (mnt.root / STAGING_DIR).exists()
+    # The subagent's second model call: its own history, with the write_file call compacted.
+    subagent_history = recording.calls[2]
+    call = next(m for m in subagent_history if isinstance(m, AIMessage) and m.tool_calls)
+    assert call.tool_calls[0]["id"] == "s1"
+    assert len(call.tool_calls[0]["args"]["content"]) < 300
+    assert "kept in the mount" in call.tool_calls[0]["args"]["content"]
+    assert all(big not in str(m.content) for m in subagent_history)
+    # The subagent was told the path convention too.
+    assert "share one filesystem" in subagent_history[0].text
+
+
+def test_declared_subagents_get_the_middleware_unless_they_have_it(mnt):
+    from mount_tool.deepagents import VfsdMiddleware, _with_vfsd_middleware
+
+    made = []
+
+    def make():
+        made.append(VfsdMiddleware(mnt))
+        return made[-1]
+
+    plain = {"name": "a", "description": "d", "system_prompt": "p"}
+    assert _with_vfsd_middleware(plain, make)["middleware"] == [made[0]]
+    own = {**plain, "middleware": [VfsdMiddleware(mnt, prompt_note="")]}
+    assert _with_vfsd_middleware(own, make) is own
+    compiled = {"name": "c", "description": "d", "runnable": object()}
+    assert _with_vfsd_middleware(compiled, make) is compiled
+    assert len(made) == 1
 
 
 # What `setfattr -n user.vfsd.status -v done FILE` does, without needing the attr package.

@@ -485,15 +485,6 @@ def test_max_files_evicts_oldest_then_refuses_creates(run_factory) -> None:
     assert quota_log_events(r, "max_files_exceeded")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known limit of the kernel's writeback cache: the kernel grows its own file "
-        "size when it takes a write into its page cache, before vfsd can refuse it, "
-        "and with writeback caching it never takes the size back from the daemon; "
-        "the writer does get ENOSPC, and the store holds only the accepted bytes"
-    ),
-)
 def test_refused_write_leaves_no_phantom_size(run_factory) -> None:
     r = run_factory("phantom", "--quota-bytes", str(MiB))
     root = r.root

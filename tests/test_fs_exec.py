@@ -55,16 +55,16 @@ def write_executable(path: Path, text: str, mode: int = 0o755) -> None:
 
 def test_chmod_x_then_run_shell_script(run):
     root = run.root
-    (root / "bin").mkdir()
-    (root / "bin/hello.sh").write_text('#!/bin/sh\necho "hello $1"\necho made > made.txt\n')
-    assert sh("./bin/hello.sh x", root).returncode == 126  # not executable yet
-    assert sh("chmod +x bin/hello.sh", root).returncode == 0
-    proc = sh("./bin/hello.sh world", root)
+    (root / "scripts").mkdir()
+    (root / "scripts/hello.sh").write_text('#!/bin/sh\necho "hello $1"\necho made > made.txt\n')
+    assert sh("./scripts/hello.sh x", root).returncode == 126  # not executable yet
+    assert sh("chmod +x scripts/hello.sh", root).returncode == 0
+    proc = sh("./scripts/hello.sh world", root)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"hello world\n"
     assert (root / "made.txt").read_text() == "made\n"
     # Absolute path and PATH lookup work too.
-    proc = sh(f"PATH='{root}/bin':$PATH hello.sh path", Path("/"))
+    proc = sh(f"PATH='{root}/scripts':$PATH hello.sh path", Path("/"))
     assert proc.stdout == b"hello path\n", proc.stderr
 
 

@@ -233,16 +233,6 @@ def test_quota_enospc_loses_nothing_else(run_factory):
     assert_store_clean(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known limit of the kernel's writeback cache: the kernel takes a write into its "
-        "page cache and grows the file before vfsd sees it; when vfsd refuses the "
-        "write-back (ENOSPC, reported to the writer), the kernel keeps its own size and "
-        "pages until it drops the inode; the store holds only the accepted bytes and a "
-        "remount shows them"
-    ),
-)
 @pytest.mark.parametrize("fsync", [True, False], ids=["fsync", "close"])
 def test_refused_write_is_not_shown(run_factory, fsync):
     """Right after ENOSPC, the mount shows what the store holds, not the refused bytes."""

@@ -28,7 +28,7 @@ def chunk_hash(data: bytes | bytearray | memoryview) -> bytes:
 class ChunkStore:
     """Chunk files under `root` (the store's `chunks/` directory)."""
 
-    def __init__(self, root: Path, create: bool = True, cache_bytes: int = 32 << 20) -> None:
+    def __init__(self, root: Path, create: bool = True, cache_bytes: int = 16 << 20) -> None:
         self.root = Path(root)
         self.tmp = self.root / "tmp"
         if create:
@@ -122,6 +122,11 @@ class ChunkStore:
         finally:
             os.close(fd)
 
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of verified chunk content held in memory."""
+        return self._cache_bytes
+
     def is_cached(self, digest: bytes) -> bool:
         return digest in self._cache
 
@@ -143,6 +148,14 @@ class ChunkStore:
             raise CorruptChunk(f"chunk {digest.hex()} is missing") from None
         if chunk_hash(data) != digest:
             raise CorruptChunk(f"chunk {digest.hex()} does not match its hash")
+        return data
+
+    def read_all_path(self, path: Path, digest: bytes) -> bytes:
+        """The bytes of a temporary file that must hash to `digest`."""
+        data = Path(path).read_bytes()
+        os.unlink(path)
+        if chunk_hash(data) != digest:
+            raise CorruptChunk(f"prepared content {digest.hex()} does not match its hash")
         return data
 
     def fsync(self, digests: list[bytes]) -> None:

@@ -13,7 +13,7 @@ import click
 
 from .client import ControlClient, ControlError, DaemonUnreachable
 from .config import Config, ConfigError, load_config
-from .rundir import RunDir, mount_state, pid_alive
+from .rundir import RunDir, mount_state, pid_alive, remove_stale_mount, utf8_problem
 
 MOUNT_TIMEOUT_S = 30.0
 
@@ -61,6 +61,35 @@ def _config_options(fn):
         click.option("--xattr-reads/--no-xattr-reads", default=None,
                      help="Answer getxattr (costs a round trip per write(); off: read "
                           "attributes from .vfsd/attr/PATH) [off]."),
+        click.option("--remote-endpoint-url", help="S3 endpoint URL [AWS_ENDPOINT_URL, else AWS]."),
+        click.option("--remote-region", help="S3 region [AWS_REGION, the profile's, else us-east-1]."),
+        click.option("--remote-profile", help="AWS profile for the object store [AWS_PROFILE]."),
+        click.option("--remote-credentials-file",
+                     help="AWS-format credentials file [~/.aws/credentials]."),
+        click.option("--remote-addressing-style", type=click.Choice(["auto", "path", "virtual"]),
+                     help="Bucket in the path or in the host name [auto]."),
+        click.option("--remote-connect-timeout", type=float,
+                     help="Seconds to connect to the object store [5]."),
+        click.option("--remote-read-timeout", type=float,
+                     help="Seconds to wait for object store data [30]."),
+        click.option("--remote-max-attempts", type=int,
+                     help="Tries per object store request, transient errors only [5]."),
+        click.option("--remote-retry-base-delay", type=float,
+                     help="First retry delay in seconds; doubles, with jitter [0.1]."),
+        click.option("--remote-retry-max-delay", type=float, help="Longest retry delay [10]."),
+        click.option("--remote-workers", type=int, help="Object store requests in flight [8]."),
+        click.option("--remote-upload-queue", type=int,
+                     help="Chunks queued for upload in memory; the rest wait on disk [4096]."),
+        click.option("--remote-fetch-timeout", type=float,
+                     help="Seconds a read waits for a chunk from the object store [30]."),
+        click.option("--remote-readahead-chunks", type=int,
+                     help="Chunks fetched ahead of a sequential read [4]."),
+        click.option("--remote-cache-bytes", type=int,
+                     help="Bound of the local chunk cache of a remote run."),
+        click.option("--remote-lease-ttl", type=float,
+                     help="Seconds a run's writer lease lives without renewal [30]."),
+        click.option("--control-idle-timeout", type=float,
+                     help="Seconds a control connection may stay idle [300]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -70,7 +99,13 @@ def _config_options(fn):
 _OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
                 "quota_bytes", "max_files", "durability", "log_level", "allow_other",
                 "entry_timeout", "max_tasks", "metrics_port", "snapshot_keep_last",
-                "snapshot_keep_steps", "xattr_reads")
+                "snapshot_keep_steps", "xattr_reads",
+                "remote_endpoint_url", "remote_region", "remote_profile",
+                "remote_credentials_file", "remote_addressing_style", "remote_connect_timeout",
+                "remote_read_timeout", "remote_max_attempts", "remote_retry_base_delay",
+                "remote_retry_max_delay", "remote_workers", "remote_upload_queue",
+                "remote_fetch_timeout", "remote_readahead_chunks", "remote_cache_bytes",
+                "remote_lease_ttl", "control_idle_timeout")
 
 
 @cli.command()
@@ -94,15 +129,18 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
     if run.path.exists() and not run.path.is_dir():
         _fail(f"{run.path} exists and is not a directory", 2)
     try:
+        store_dir, volume = run.store_location(store)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    problem = utf8_problem(store_dir)
+    if problem is not None:
+        _fail(problem, 2)
+    try:
         if not run.state.exists():
             run.state.mkdir(parents=True, mode=0o700)
             os.chmod(run.state, 0o700)  # mkdir's mode is cut by the umask
     except OSError as exc:
         _fail(f"cannot create {run.state}: {exc}", 2)
-    try:
-        store_dir, volume = run.store_location(store)
-    except ValueError as exc:
-        _fail(str(exc), 2)
     if foreground:
         from .daemon import run_daemon
 
@@ -152,11 +190,11 @@ def umount(run_dir: Path, timeout: float) -> None:
     if state == "none" and not pid_alive(pid):
         _fail(f"{run.mountpoint} is not mounted")
     if state == "stale":
-        subprocess.run(["fusermount3", "-u", "-z", str(run.mountpoint)], capture_output=True)
+        remove_stale_mount(run.mountpoint)
         click.echo(f"vfsd: removed the stale mount on {run.mountpoint}")
         return
     if state == "live":
-        proc = subprocess.run(["fusermount3", "-u", str(run.mountpoint)],
+        proc = subprocess.run(["fusermount3", "-u", "--", str(run.mountpoint)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             _fail(f"cannot unmount {run.mountpoint}: {proc.stderr.strip()} "
@@ -169,20 +207,40 @@ def umount(run_dir: Path, timeout: float) -> None:
     click.echo(f"vfsd: unmounted {run.mountpoint}")
 
 
-def _client(run: RunDir) -> ControlClient:
+def _unreachable(run: RunDir, exc: DaemonUnreachable) -> str:
+    """What to tell the user when the daemon did not answer."""
+    pid = run.read_pid()
+    # A killed process closes its sockets a moment before it is gone.
+    deadline = time.monotonic() + 2.0
+    while pid is not None and pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if pid is not None and not pid_alive(pid):
+        return (f"{exc}: the daemon (pid {pid}) has exited; see {run.log}. "
+                f"`vfsd mount {run.path}` removes the dead mount and mounts again")
+    if pid is None:
+        return f"{exc}; is {run.path} mounted?"
+    return f"{exc}; see {run.log}"
+
+
+def _control_failure(run: RunDir, exc: ControlError) -> str:
+    if exc.code == "not_found":
+        return f"not found: {exc.message}"
+    if exc.code == "busy":
+        return (f"the daemon of {run.path} is saturated ({exc.message}); "
+                "retry in a moment")
+    return exc.message
+
+
+def _call(run_path: Path, op: str, /, **args) -> dict:
+    """One control request; any failure ends the command with a clear message."""
+    run = RunDir(run_path)
     try:
-        return ControlClient(run.sock)
-    except DaemonUnreachable as exc:
-        _fail(f"{exc}; is {run.path} mounted?")
-
-
-def _call(run_dir: Path, op: str, **args) -> dict:
-    run = RunDir(run_dir)
-    with _client(run) as c:
-        try:
+        with ControlClient(run.sock) as c:
             return c.call(op, **args)
-        except ControlError as exc:
-            _fail(exc.message if exc.code != "not_found" else f"not found: {exc.message}")
+    except DaemonUnreachable as exc:
+        _fail(_unreachable(run, exc))
+    except ControlError as exc:
+        _fail(_control_failure(run, exc))
 
 
 @cli.command()
@@ -194,7 +252,9 @@ def status(run_dir: Path, as_json: bool) -> None:
     try:
         with ControlClient(run.sock, timeout=30) as c:
             doc = c.call("stats")
-    except (DaemonUnreachable, ConnectionError, OSError):
+    except ControlError as exc:
+        _fail(_control_failure(run, exc))
+    except DaemonUnreachable:
         from .status import store_status
         from .store import Store
 
@@ -274,18 +334,40 @@ def evicted(run_dir: Path, limit: int, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-def gc(run_dir: Path) -> None:
+@click.option("--compact", "do_compact", is_flag=True,
+              help="Also shrink the LMDB file to what it holds (no daemon may use the store).")
+def gc(run_dir: Path, do_compact: bool) -> None:
     """Remove unreferenced chunks and leftover temporary files."""
     run = RunDir(run_dir)
     if pid_alive(run.read_pid()):
+        if do_compact:
+            _fail(f"{run.path} is mounted: unmount it to compact its store")
         result = _call(run_dir, "gc")
     else:
+        from .errors import StoreLocked, StoreVersionError
+        from .fsck import lock_all
         from .store import Store
 
         store_dir, volume = run.store_location()
-        st = Store(store_dir, volume, create=False)
-        result = st.gc_chunks(min_temp_age_s=0)
-        st.close()
+        try:
+            st = Store(store_dir, volume, create=False)
+        except StoreVersionError as exc:
+            _fail(str(exc))
+        try:
+            locks = lock_all(st) if do_compact else []
+        except StoreLocked as exc:
+            st.close()
+            _fail(f"{exc}; unmount it to compact the store")
+        try:
+            result = st.gc_chunks(min_temp_age_s=0)
+            st.close()
+            if do_compact:
+                from .compact import compact
+
+                result.update(compact(store_dir))
+        finally:
+            for fd in locks:
+                os.close(fd)
     click.echo(json.dumps(result))
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from . import DEFAULT_CHUNK_SIZE, DEFAULT_INLINE_MAX
 
 DURABILITY_MODES = ("fsync", "sync")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+ADDRESSING_STYLES = ("auto", "path", "virtual")
+_REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,49}")
+_PROFILE = re.compile(r"[A-Za-z0-9_.+=@-]{1,64}")
 
 
 class ConfigError(ValueError):
@@ -43,6 +48,26 @@ class Config:
     snapshot_keep_last: int = 32
     snapshot_keep_steps: int = 20
     xattr_reads: bool = False
+    # The object store tier (`vfsd.objstore`). Endpoint and credentials come
+    # from the standard AWS chain (AWS_* environment variables, ~/.aws/config
+    # and credentials) unless these name them; secrets never sit in this file.
+    remote_endpoint_url: str | None = None
+    remote_region: str | None = None
+    remote_profile: str | None = None
+    remote_credentials_file: str | None = None
+    remote_addressing_style: str = "auto"
+    remote_connect_timeout: float = 5.0
+    remote_read_timeout: float = 30.0
+    remote_max_attempts: int = 5
+    remote_retry_base_delay: float = 0.1
+    remote_retry_max_delay: float = 10.0
+    remote_workers: int = 8
+    remote_upload_queue: int = 4096
+    remote_fetch_timeout: float = 30.0
+    remote_readahead_chunks: int = 4
+    remote_cache_bytes: int | None = None
+    remote_lease_ttl: float = 30.0
+    control_idle_timeout: float = 300.0
 
     def validate(self) -> Config:
         def positive(name: str, value, allow_none: bool = False) -> None:
@@ -71,16 +96,95 @@ class Config:
         if isinstance(self.entry_timeout, bool) or \
                 not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
             raise ConfigError("entry_timeout must be a non-negative number of seconds")
+        if isinstance(self.control_idle_timeout, bool) or \
+                not isinstance(self.control_idle_timeout, int | float) or \
+                not 0 < self.control_idle_timeout <= 86400:
+            raise ConfigError("control_idle_timeout must be a number of seconds, "
+                              "above 0 and at most 86400")
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be between 1 and 65535, got {self.metrics_port}")
         if self.max_tasks < 1:
             raise ConfigError("max_tasks must be at least 1")
         if self.snapshot_keep_last < 1:
             raise ConfigError("snapshot_keep_last must be at least 1")
+        self._validate_remote()
         return self
+
+    def _validate_remote(self) -> None:
+        def number(name: str, low: float, high: float) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not low <= value <= high:
+                raise ConfigError(f"{name} must be a number of seconds from {low} to {high}, "
+                                  f"got {value!r}")
+
+        def integer(name: str, low: int, high: int, allow_none: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+
+        def text(name: str, pattern: re.Pattern, what: str) -> None:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not pattern.fullmatch(value)):
+                raise ConfigError(f"{name} must be {what}, got {value!r}")
+
+        if self.remote_endpoint_url is not None:
+            check_endpoint_url(self.remote_endpoint_url)
+        text("remote_region", _REGION, "an AWS-style region name such as us-east-1")
+        text("remote_profile", _PROFILE, "a profile name from ~/.aws/config (letters, digits, _.+=@-)")
+        path = self.remote_credentials_file
+        if path is not None and (not isinstance(path, str) or not path or "\0" in path):
+            raise ConfigError(f"remote_credentials_file must be a file path, got {path!r}")
+        if self.remote_addressing_style not in ADDRESSING_STYLES:
+            raise ConfigError(f"remote_addressing_style must be one of {ADDRESSING_STYLES}, "
+                              f"got {self.remote_addressing_style!r}")
+        number("remote_connect_timeout", 0.1, 300)
+        number("remote_read_timeout", 0.1, 3600)
+        integer("remote_max_attempts", 1, 100)
+        number("remote_retry_base_delay", 0.001, 60)
+        number("remote_retry_max_delay", 0.001, 3600)
+        if self.remote_retry_max_delay < self.remote_retry_base_delay:
+            raise ConfigError("remote_retry_max_delay must not be below remote_retry_base_delay")
+        integer("remote_workers", 1, 256)
+        integer("remote_upload_queue", 1, 1_000_000)
+        number("remote_fetch_timeout", 0.1, 3600)
+        integer("remote_readahead_chunks", 0, 256)
+        integer("remote_cache_bytes", 0, 1 << 60, allow_none=True)
+        if self.remote_cache_bytes is not None and self.remote_cache_bytes < 4 * self.chunk_size:
+            raise ConfigError(f"remote_cache_bytes must hold at least 4 chunks "
+                              f"({4 * self.chunk_size} bytes), got {self.remote_cache_bytes}")
+        number("remote_lease_ttl", 5, 3600)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def check_endpoint_url(url) -> str:
+    """`url` if it is a plain http(s)://HOST[:PORT][/PATH] endpoint, else ConfigError."""
+    name = "remote_endpoint_url"
+    if not isinstance(url, str) or not url or len(url) > 2048:
+        raise ConfigError(f"{name} must be an http:// or https:// URL, got {url!r}")
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        raise ConfigError(f"{name} must not contain spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{name} {url!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{name} must start with http:// or https://, got {url!r}")
+    if not parts.hostname:
+        raise ConfigError(f"{name} {url!r} names no host")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(f"{name} must not carry credentials (user:password@); use the AWS "
+                          "environment variables, a profile or remote_credentials_file")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{name} must not have a query or fragment, got {url!r}")
+    if port == 0:
+        raise ConfigError(f"{name} has port 0")
+    return url
 
 
 def option_names() -> list[str]:

@@ -10,7 +10,10 @@ file, snapshot and volume of the store that has the same bytes.
 A block reference, as the `block` database and snapshot entries store it, is
 17 bytes: the digest, then one location byte (`LOC_FILE` or `LOC_LMDB`). A
 digest's location never changes while it has references, so the copy in the
-reference is always right; readers need no lookup to find the bytes.
+reference is always right; readers need no lookup to find the bytes. A live
+block may instead be hot (`HOT_REF`: its bytes are in the inode's hot file,
+see `hotfiles`); a hot block names no object and holds no reference, and
+snapshot entries never hold one.
 
 The records (`content` and `blob` databases) are described in `store`; this
 module owns every change to them. Reads are verified: bytes that do not hash
@@ -19,7 +22,9 @@ to their name are never served (`CorruptChunk`, EIO).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import struct
 from collections import Counter
 
@@ -30,7 +35,10 @@ from .chunks import ChunkStore, chunk_hash
 
 LOC_FILE = 0
 LOC_LMDB = 1
+#: not a content object: the block's bytes are in the inode's hot file (`hotfiles`)
+LOC_HOT = 2
 REF_LEN = 17
+HOT_REF = bytes(16) + bytes((LOC_HOT,))
 #: refcount u64 + size u32 + location u8
 _RECORD = struct.Struct(">QIB")
 
@@ -45,6 +53,10 @@ def ref_digest(ref: bytes) -> bytes:
 
 def ref_loc(ref: bytes) -> int:
     return ref[16]
+
+
+def is_hot(ref: bytes) -> bool:
+    return ref[16] == LOC_HOT
 
 
 def unpack_record(raw: bytes) -> tuple[int, int, int]:
@@ -110,6 +122,41 @@ class ContentStore:
         txn.put(digest, _RECORD.pack(1, len(data), loc), db=db)
         return make_ref(digest, loc)
 
+    def put_settled(self, txn, digest: bytes, size: int, *, data: bytes | None = None,
+                    tmp=None) -> bytes:
+        """Take one reference on the object `digest`, whose bytes were hashed and
+        (for a chunk) written to the temporary file `tmp` off the loop; small
+        objects come as `data`. Returns the block reference. `tmp` is used or
+        removed."""
+        try:
+            db = self.db["content"]
+            raw = txn.get(digest, db=db)
+            if raw is not None:
+                count, rsize, loc = _RECORD.unpack(raw)
+                if count > 0:
+                    txn.put(digest, _RECORD.pack(count + 1, rsize, loc), db=db)
+                    return make_ref(digest, loc)
+            else:
+                loc = LOC_LMDB if data is not None else LOC_FILE
+            if loc == LOC_LMDB:
+                if data is None:
+                    data = self.chunks.read_all_path(tmp, digest)
+                    tmp = None
+                txn.put(digest, data, db=self.db["blob"])
+            elif raw is None or not self.chunks.exists(digest):
+                if tmp is None:
+                    self._write_file(digest, data)
+                else:
+                    self.chunks.install(tmp, digest)
+                    tmp = None
+            self._count_object(txn, loc, size, +1)
+            txn.put(digest, _RECORD.pack(1, size, loc), db=db)
+            return make_ref(digest, loc)
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
     def _write_file(self, digest: bytes, data) -> None:
         try:
             self.chunks.put(digest, data)
@@ -141,6 +188,8 @@ class ContentStore:
         An inline object is deleted at once (same transaction); a chunk file
         stays as a tombstone until `delete_unreferenced` runs after commit.
         """
+        if is_hot(ref):
+            return None
         digest = ref_digest(ref)
         db = self.db["content"]
         raw = txn.get(digest, db=db)
@@ -189,7 +238,7 @@ class ContentStore:
     # -------------------------------------------------------------- reading
 
     def is_cached(self, ref: bytes) -> bool:
-        return ref_loc(ref) == LOC_LMDB or self.chunks.is_cached(ref_digest(ref))
+        return ref_loc(ref) != LOC_FILE or self.chunks.is_cached(ref_digest(ref))
 
     def read(self, txn_source, ref: bytes, offset: int, length: int) -> bytes:
         """Bytes of an object, verified against its name.

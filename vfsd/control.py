@@ -1,15 +1,21 @@
 """The control socket: newline-delimited JSON requests from the agent side.
 
 See docs/control.md for the protocol. Every failure becomes an error reply;
-a bad client never takes down the daemon or another client. Requests are
-handled synchronously on the trio thread, like FUSE requests, so each one is
-atomic with respect to the filesystem.
+a bad client never takes down the daemon or another client: anything a
+connection's task raises ends that connection only (and is logged), and the
+accept loop survives whatever accept() says. Requests are handled
+synchronously on the trio thread, like FUSE requests, so each one is atomic
+with respect to the filesystem.
+
+Connections are bounded in number (connslots: idle ones make room for new
+ones, so idle clients cannot lock anyone out) and in time: a connection that
+sends no complete request, or does not take its reply, within the idle
+timeout is closed.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import socket
 import struct
@@ -19,14 +25,22 @@ import structlog
 import trio
 
 from . import __version__, errors
+from .connslots import IDLE, READING, WORKING, Slot, SlotTable
 from .inode import STATUS_BY_NAME, STATUS_NAMES, Inode
+from .protocol import MAX_REQUEST, ProtocolError, decode_request, encode_reply
 from .snapshots import SnapshotError, SnapshotNotFound
+from .unixpath import reachable_socket_path
 
 log = structlog.get_logger("vfsd.control")
 
-MAX_REQUEST = 1 << 20
 MAX_CONNECTIONS = 64
+#: no uid may hold more slots than this (root keeps room next to the owner;
+#: a daemon running as root serves root alone, which may hold them all)
+MAX_CONNECTIONS_PER_UID = 48
+DEFAULT_IDLE_TIMEOUT_S = 300.0
 MAX_INT = (1 << 63) - 1  # steps and inode numbers are stored as unsigned 64-bit
+# What a vanished client looks like; not worth more than a debug line.
+_CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)
 
 
 class RequestError(Exception):
@@ -53,6 +67,17 @@ def _arg(req: dict, name: str, kind: type | tuple, default=...):
     return value
 
 
+def _path_arg(req: dict) -> str:
+    """The `path` argument, which must encode to bytes (names that are not
+    UTF-8 arrive as surrogate escapes; a lone surrogate names nothing)."""
+    path = _arg(req, "path", str)
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise RequestError("bad_request", f"path {path!r} is not valid Unicode") from None
+    return path
+
+
 class ControlServer:
     """Serves `RUN_DIR/.vfsd/vfsd.sock` for one daemon."""
 
@@ -63,7 +88,12 @@ class ControlServer:
         self.ops = daemon.ops
         self.evictor = daemon.evictor
         self.path = daemon.run.sock
-        self.connections = 0
+        config = getattr(daemon, "config", None)
+        self.idle_timeout = float(getattr(config, "control_idle_timeout", None)
+                                  or DEFAULT_IDLE_TIMEOUT_S)
+        # Root and the daemon's owner may connect; when they are one uid, it has every slot.
+        per_uid = MAX_CONNECTIONS if os.getuid() == 0 else MAX_CONNECTIONS_PER_UID
+        self.slots = SlotTable(MAX_CONNECTIONS, per_uid)
         self.requests = 0
         self.handlers: dict[str, Callable[[dict], dict]] = {
             "ping": self.op_ping, "stats": self.op_stats, "get_step": self.op_get_step,
@@ -77,6 +107,10 @@ class ControlServer:
             "locate": self.op_locate,
         }
 
+    @property
+    def connections(self) -> int:
+        return len(self.slots)
+
     # ------------------------------------------------------------ serving
 
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -88,91 +122,139 @@ class ControlServer:
         # Created owner-only from the start: no window where others can connect.
         old = os.umask(0o177)
         try:
-            await sock.bind(str(self.path))
+            with reachable_socket_path(self.path) as address:
+                await sock.bind(address)
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
         sock.listen(128)
         listener = trio.SocketListener(sock)
         task_status.started()
-        await trio.serve_listeners(self._handle_conn, [listener])
+        async with listener, trio.open_nursery() as nursery:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    # Out of file descriptors or memory: wait, never give up the socket.
+                    log.warning("control_accept_failed", error=str(exc))
+                    await trio.sleep(0.1)
+                    continue
+                nursery.start_soon(self._handle_conn, stream)
 
-    def _peer_allowed(self, stream: trio.SocketStream) -> bool:
+    def _peer_uid(self, stream: trio.SocketStream) -> int:
         raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                        struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", raw)
-        return uid in (os.getuid(), 0)
+        return uid
 
     async def _handle_conn(self, stream: trio.SocketStream) -> None:
-        async with stream:
-            if not self._peer_allowed(stream):
-                await self._send(stream, None, error=("forbidden", "peer uid not allowed"))
-                return
-            if self.connections >= MAX_CONNECTIONS:
-                await self._send(stream, None, error=("busy", "too many connections"))
-                return
-            self.connections += 1
-            try:
-                await self._conn_loop(stream)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
-                pass
-            finally:
-                self.connections -= 1
+        """One connection, start to end. Nothing it raises reaches the nursery."""
+        try:
+            async with stream:
+                await self._serve_conn(stream)
+        except _CLIENT_GONE:
+            log.debug("control_client_gone")
+        except Exception:
+            log.exception("control_connection_failed")
 
-    async def _conn_loop(self, stream: trio.SocketStream) -> None:
+    async def _serve_conn(self, stream: trio.SocketStream) -> None:
+        uid = self._peer_uid(stream)
+        if uid not in (os.getuid(), 0):
+            await self._send_bounded(stream, encode_reply(
+                None, error=("forbidden", "peer uid not allowed")))
+            return
+        slot = self.slots.admit(uid)
+        if slot is None:
+            await self._send_bounded(stream, encode_reply(None, error=(
+                "busy", f"the daemon is saturated: all {MAX_CONNECTIONS} control connections "
+                        "are in the middle of a request; retry shortly")))
+            return
+        try:
+            with slot.scope:
+                await self._conn_loop(stream, slot)
+        finally:
+            self.slots.release(slot)
+        if slot.evicted:
+            log.debug("control_idle_connection_closed", uid=uid, reason="slot needed")
+
+    async def _send_bounded(self, stream: trio.SocketStream, data: bytes) -> bool:
+        """Send within the idle timeout; False if the client did not take it."""
+        with trio.move_on_after(self.idle_timeout):
+            await stream.send_all(data)
+            return True
+        log.info("control_client_not_reading", timeout_s=self.idle_timeout)
+        return False
+
+    async def _read_line(self, stream: trio.SocketStream, slot: Slot, buf: bytearray):
+        """The next request line, or None when the connection ends (end of
+        input, or an error reply that closes it: too large, cut off)."""
+        nl = buf.find(b"\n")
+        while nl < 0:
+            if len(buf) > MAX_REQUEST:
+                await self._send_bounded(stream, encode_reply(None, error=(
+                    "too_large", f"request exceeds {MAX_REQUEST} bytes")))
+                return None
+            slot.set_state(READING if buf else IDLE)
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                if buf.strip():
+                    await self._send_bounded(stream, encode_reply(None, error=(
+                        "bad_json", "connection closed inside a request")))
+                return None
+            start = len(buf)
+            buf += chunk
+            nl = buf.find(b"\n", start)
+        line = bytes(buf[:nl])
+        del buf[:nl + 1]
+        return line
+
+    async def _conn_loop(self, stream: trio.SocketStream, slot: Slot) -> None:
         buf = bytearray()
         while True:
-            nl = buf.find(b"\n")
-            while nl < 0:
-                if len(buf) > MAX_REQUEST:
-                    await self._send(stream, None, error=(
-                        "too_large", f"request exceeds {MAX_REQUEST} bytes"))
-                    return
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    if buf.strip():
-                        await self._send(stream, None, error=(
-                            "bad_json", "connection closed inside a request"))
-                    return
-                start = len(buf)
-                buf += chunk
-                nl = buf.find(b"\n", start)
-            line = bytes(buf[:nl])
-            del buf[:nl + 1]
-            if len(line) > MAX_REQUEST:
-                await self._send(stream, None, error=("too_large",
-                                                      f"request exceeds {MAX_REQUEST} bytes"))
+            with trio.move_on_after(self.idle_timeout) as waiting:
+                line = await self._read_line(stream, slot, buf)
+            if waiting.cancelled_caught:
+                log.debug("control_connection_timed_out", timeout_s=self.idle_timeout)
+                return
+            if line is None:
                 return
             if not line.strip():
                 continue
+            slot.set_state(WORKING)
+            slot.requests += 1
             req_id, result, error = await self.handle_line(line)
+            if error is not None and error[0] == "too_large":
+                await self._send_bounded(stream, encode_reply(req_id, error=error))
+                return
+            reply = encode_reply(req_id, result=result, error=error)
             # Names that eviction removed must be gone from the kernel's cache
             # before the client hears back: `ls` right after must not see them.
-            # The kernel is told from a worker thread while the reply is encoded.
             pending = self.evictor.take_invalidations()
-            async with trio.open_nursery() as nursery:
-                if pending:
-                    nursery.start_soon(trio.to_thread.run_sync, self.evictor.invalidate_now,
-                                       pending)
-                reply = self._encode(req_id, result=result, error=error)
-            await stream.send_all(reply)
+            if pending:
+                await self._invalidate(pending)
+            if not await self._send_bounded(stream, reply):
+                return
+
+    async def _invalidate(self, pending) -> None:
+        try:
+            await trio.to_thread.run_sync(self.evictor.invalidate_now, pending)
+        except Exception:
+            log.exception("control_invalidation_failed")
 
     async def handle_line(self, line: bytes):
-        """(id, result, error) for one request line."""
+        """(id, result, error) for one request line. Never raises."""
         self.requests += 1
         try:
-            req = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return None, None, ("bad_json", f"not valid JSON: {exc}")
-        if not isinstance(req, dict):
-            return None, None, ("bad_request", "a request is a JSON object")
+            req = decode_request(line)
+        except ProtocolError as exc:
+            return None, None, (exc.code, exc.message)
         req_id = req.get("id")
         op = req.get("op")
         if not isinstance(op, str):
             return req_id, None, ("bad_request", "missing 'op' (a string)")
         handler = self.handlers.get(op)
         if handler is None:
-            return req_id, None, ("unknown_op", f"unknown op {op!r}; known: "
+            return req_id, None, ("unknown_op", f"unknown op {op[:100]!r}; known: "
                                   + ", ".join(sorted(self.handlers)))
         try:
             result = handler(req)
@@ -193,22 +275,11 @@ class ControlServer:
             log.exception("control_request_failed", op=op)
             return req_id, None, ("internal", f"{type(exc).__name__}: {exc}")
 
-    @staticmethod
-    def _encode(req_id, *, result=None, error=None) -> bytes:
-        if error is not None:
-            msg = {"ok": False, "id": req_id, "error": {"code": error[0], "message": error[1]}}
-        else:
-            msg = {"ok": True, "id": req_id, "result": result}
-        return json.dumps(msg).encode() + b"\n"
-
-    async def _send(self, stream, req_id, *, result=None, error=None) -> None:
-        await stream.send_all(self._encode(req_id, result=result, error=error))
-
     # -------------------------------------------------------------- helpers
 
     def _inode_for(self, req: dict) -> Inode:
         if "path" in req:
-            path = _arg(req, "path", str)
+            path = _path_arg(req)
             parts = [p for p in path.split("/") if p not in ("", ".")]
             if ".." in parts:
                 raise RequestError("forbidden", f"path {path!r} leaves the mount")
@@ -299,11 +370,26 @@ class ControlServer:
     def op_unpin(self, req: dict) -> dict:
         return self._update(req, pinned=False)
 
+    #: files per `changes` reply: each costs a block-map read on the loop
+    CHANGES_PAGE = 2000
+
     def op_changes(self, req: dict) -> dict:
+        """Files changed since a step, a page at a time (`next` resumes)."""
         since = _arg(req, "since", int)
-        changed = [self.file_ref(ino) for _, ino in self.store.scan_index("bystep", since_step=since)]
+        limit = min(_arg(req, "limit", int, self.CHANGES_PAGE), 10_000) or 1
+        after = _arg(req, "after", list, None)
+        if after is not None:
+            if len(after) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                          and 0 <= x <= MAX_INT for x in after):
+                raise RequestError("bad_request", "'after' is [step, ino] from a `next`")
+            page = self.store.scan_index("bystep", since_step=after[0], after_ino=after[1],
+                                         limit=limit)
+        else:
+            page = self.store.scan_index("bystep", since_step=since, limit=limit)
+        changed = [self.file_ref(ino) for _, ino in page]
         return {"step": self.store.get_step(), "changed": changed,
-                "removed": self.store.removed_since(since)}
+                "removed": self.store.removed_since(since) if after is None else [],
+                "next": list(page[-1]) if len(page) == limit else None}
 
     def op_evicted(self, req: dict) -> dict:
         limit = _arg(req, "limit", int, 100)

@@ -1,18 +1,31 @@
-"""The read-only `.vfsd/` directory in the mount root.
+"""Virtual entries of the mount root: `.vfsd/` and the sandbox's mount points.
 
-It lets an agent's shell see the daemon's state with plain tools
-(`cat .vfsd/status.json`, `tail .vfsd/evicted.ndjson`) and the vfsd attributes
+`.vfsd/` lets an agent's shell see the daemon's state with plain tools
+(`cat .vfsd/status.json`, `tail .vfsd/evicted.ndjson`), the vfsd attributes
 of any file (`cat .vfsd/attr/notes/plan.md`: `.vfsd/attr/` mirrors the tree,
 each regular file shown as a JSON document of its step, status, pin, hash,
-tier and extended attributes). The directory and its files are virtual: inode
-numbers far above anything the store allocates, content rendered when a file is
-opened (a snapshot per open handle).
+tier and extended attributes) and retained snapshots (`.vfsd/snapshots/`, see
+`snapview`). The directory and its files are virtual: inode numbers far above
+anything the store allocates, content rendered when a file is opened.
+
+The sandbox directories (`usr`, `etc`, `tmp`, ...) are where mount_tool's
+`execute` sandbox, which makes the mount root its `/`, mounts the system's
+directories, a private /tmp, /proc and /dev. A mount point must exist in the
+tree it is mounted on, and the user's tree must not gain entries for them, so
+they are empty, read-only directories that answer lookups but are left out of
+listings, and no real entry can be created under their names at the root. A
+real entry that already has such a name (made before they were reserved)
+wins over the virtual one.
 """
 
 from __future__ import annotations
 
+import errno
 import stat
 from collections.abc import Callable
+
+import pyfuse3
+import trio
 
 NAME = b".vfsd"
 BASE = 1 << 62
@@ -28,7 +41,23 @@ DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 
 
+#: Mount points of the execute sandbox (mount_tool/sandbox.py keeps the same
+#: list): name -> inode number.
+SANDBOX_DIRS = {
+    name: BASE + 0x100 + i
+    for i, name in enumerate(
+        (b"bin", b"dev", b"etc", b"lib", b"lib32", b"lib64", b"libx32", b"proc", b"run",
+         b"sbin", b"tmp", b"usr")
+    )
+}
+SANDBOX_INOS = frozenset(SANDBOX_DIRS.values())
+SANDBOX_DIR_MODE = stat.S_IFDIR | 0o555
+#: Names that cannot become real entries of the root.
+RESERVED = frozenset({NAME, *SANDBOX_DIRS})
+
+
 def is_ctl(ino: int) -> bool:
+    """True for every virtual inode (`.vfsd/`, its files, the sandbox dirs)."""
     return ino >= BASE
 
 
@@ -46,29 +75,77 @@ def mirrored(ino: int) -> int:
     return ino - MIRROR_BASE
 
 
+#: open handles on `.vfsd/` files at once (ENFILE beyond): bounds snapshot memory
+MAX_HANDLES = 4096
+
+
+def is_dir(ino: int) -> bool:
+    """True for the virtual directories."""
+    return ino == DIR_INO or ino in SANDBOX_INOS
+
+
 class ControlDir:
-    """Renders the virtual files from callables the daemon provides."""
+    """Serves the virtual files from what the daemon provides, in bounded memory.
+
+    Small documents (status.json, a few KB) are rendered when opened, one
+    snapshot per open handle, with at most MAX_HANDLES handles open at once.
+    Paged files (evicted.ndjson) keep no content per handle: a handle holds
+    the (start, end) of the log at its open, and each read renders only the
+    records it covers (see `evictlog_view`). Bringing the index up to date
+    yields to other requests between batches.
+
+    `renderers`: inode -> callable returning a small document's bytes.
+    `paged`: inode -> a paged source (`catch_up_batch()`, `span()`,
+    `read(start, end, off, size)`), such as `EvictionLogView`.
+    """
 
     def __init__(self) -> None:
         self.renderers: dict[int, Callable[[], bytes]] = {}
-        self.snapshots: dict[int, bytes] = {}
+        self.paged: dict[int, object] = {}
+        self.handles: dict[int, bytes | tuple[object, int, int]] = {}
         self._next_fh = BASE
 
     def render(self, ino: int) -> bytes:
         fn = self.renderers.get(ino)
         return fn() if fn is not None else b""
 
-    def open(self, ino: int) -> int:
-        return self.open_bytes(self.render(ino))
+    async def refresh(self, ino: int) -> None:
+        """Bring a paged file up to date, yielding to other requests between batches."""
+        source = self.paged.get(ino)
+        if source is None:
+            return
+        while not source.catch_up_batch():
+            await trio.sleep(0)
+
+    async def open(self, ino: int) -> int:
+        if len(self.handles) >= MAX_HANDLES:
+            raise pyfuse3.FUSEError(errno.ENFILE)
+        source = self.paged.get(ino)
+        if source is not None:
+            await self.refresh(ino)
+            content: bytes | tuple[object, int, int] = (source, *source.span())
+        else:
+            content = self.render(ino)
+        self._next_fh += 1
+        self.handles[self._next_fh] = content
+        return self._next_fh
 
     def open_bytes(self, data: bytes) -> int:
         """A handle on a snapshot the caller rendered (the files of `.vfsd/attr/`)."""
+        if len(self.handles) >= MAX_HANDLES:
+            raise pyfuse3.FUSEError(errno.ENFILE)
         self._next_fh += 1
-        self.snapshots[self._next_fh] = data
+        self.handles[self._next_fh] = data
         return self._next_fh
 
     def read(self, fh: int, off: int, size: int) -> bytes:
-        return self.snapshots.get(fh, b"")[off:off + size]
+        content = self.handles.get(fh)
+        if content is None:
+            return b""
+        if isinstance(content, bytes):
+            return content[off:off + size]
+        source, start, end = content
+        return source.read(start, end, off, size)
 
     def release(self, fh: int) -> None:
-        self.snapshots.pop(fh, None)
+        self.handles.pop(fh, None)

@@ -23,12 +23,14 @@ from . import __version__, ctldir, notify
 from .config import Config
 from .errors import StoreLocked, StoreVersionError
 from .eviction import Evictor
+from .evictlog_view import EvictionLogView
 from .fs import VfsdOperations
 from .lmdbcheck import check_readable
 from .logs import setup_logging
 from .metrics import start_metrics_server
 from .openfiles import OpenFiles
-from .rundir import RunDir, lock_volume, mount_state
+from .rundir import RunDir, lock_volume, mount_state, remove_stale_mount
+from .settle import Settler
 from .snapservice import SnapshotService
 from .snapshots import Snapshots
 from .snapview import SnapshotView
@@ -78,7 +80,7 @@ class Daemon:
             raise StartupError(f"{mp} is already mounted")
         if state == "stale":
             log.warning("stale_mount_cleaned", mountpoint=str(mp))
-            os.system(f"fusermount3 -u -z {str(mp)!r} >/dev/null 2>&1")
+            remove_stale_mount(mp)
             if mount_state(mp) != "none":
                 raise StartupError(f"{mp} holds a stale mount that could not be removed")
         if mp.exists() and not mp.is_dir():
@@ -114,16 +116,17 @@ class Daemon:
                                   durability=self.config.durability,
                                   xattr_reads=self.config.xattr_reads)
         self.evictor = Evictor(self.store, self.ops, self.config)
+        self.settler = Settler(files)
         self.snapshots = Snapshots(self.store, keep_last=self.config.snapshot_keep_last,
                                    keep_steps=self.config.snapshot_keep_steps)
         self.snapservice = SnapshotService(self, self.snapshots)
         self.ops.snapview = SnapshotView(self.snapshots, self.ops)
         self.evictor.after_step = self.snapservice.apply_retention
-        self.ops.ctl.renderers = {
-            ctldir.FILES[b"status.json"]: self._render_status,
-            ctldir.FILES[b"evicted.ndjson"]: self._render_evicted,
-        }
+        self.ops.ctl.renderers = {ctldir.FILES[b"status.json"]: self._render_status}
+        self.ops.ctl.paged = {ctldir.FILES[b"evicted.ndjson"]: EvictionLogView(self.store)}
         self.ops.quota = self.evictor.reserve
+        self.ops.limits = self.evictor.limits
+        self.ops.evicted_names = self.evictor.take_invalidations
         self.ops.reserve_file = self.evictor.reserve_file
         self.metrics = start_metrics_server(self, self.config.metrics_port)
 
@@ -131,10 +134,6 @@ class Daemon:
         from .status import live_status
 
         return json.dumps(live_status(self), indent=2).encode() + b"\n"
-
-    def _render_evicted(self) -> bytes:
-        records = self.store.eviction_log(limit=10_000)
-        return b"".join(json.dumps(r).encode() + b"\n" for r in records)
 
     def mount_options(self) -> set[str]:
         opts = {"fsname=vfsd", "subtype=vfsd", "default_permissions"}
@@ -153,6 +152,7 @@ class Daemon:
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             nursery.start_soon(self._fuse_main, nursery.cancel_scope)
             nursery.start_soon(self.ops.run_invalidator)
+            nursery.start_soon(self.settler.run)
             nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
             await trio.sleep(0)
             ready()

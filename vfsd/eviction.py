@@ -83,11 +83,12 @@ class Evictor:
                 return
 
     def usage(self, counters: dict | None = None) -> int:
-        """Logical bytes of the volume, including writes still buffered."""
+        """Bytes the quota counts: file content (writes still buffered
+        included) and extended attributes."""
         counters = counters or self.store.counters()
         pending = sum(max(of.inode.size - of.committed_size, 0)
                       for of in self.files.files.values())
-        return counters["logical_bytes"] + pending
+        return counters["logical_bytes"] + counters["xattr_bytes"] + pending
 
     # ------------------------------------------------------------ applying
 
@@ -146,14 +147,6 @@ class Evictor:
         pending, self.pending_invalidations = self.pending_invalidations, []
         return pending
 
-    def invalidate_queued(self) -> None:
-        """Hand invalidations to pyfuse3's own thread (safe inside a FUSE handler)."""
-        for parent, name, ino in self.take_invalidations():
-            try:
-                pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
-            except Exception as exc:  # not mounted (unit tests)
-                log.debug("invalidate_failed", ino=ino, error=str(exc))
-
     @staticmethod
     def invalidate_now(pending: list[tuple[int, bytes, int]]) -> None:
         """Tell the kernel and wait for it; run in a worker thread, never in a handler."""
@@ -175,6 +168,10 @@ class Evictor:
 
     # --------------------------------------------------------------- quota
 
+    def limits(self) -> tuple[int | None, int, int | None]:
+        """(quota bytes, bytes used, max files) for statfs."""
+        return self.config.quota_bytes, self.usage(), self.config.max_files
+
     def reserve(self, grow: int, ino: int | None = None) -> None:
         """Make room for `grow` more bytes, evicting if needed; NoSpace if impossible."""
         quota = self.config.quota_bytes
@@ -183,7 +180,6 @@ class Evictor:
         if self.usage() + grow <= quota:
             return
         self.run(extra_bytes=grow, exclude=ino)
-        self.invalidate_queued()
         if self.usage() + grow > quota:
             self.enospc_total += 1
             log.warning("quota_exceeded", quota_bytes=quota, usage=self.usage(), needed=grow,
@@ -198,7 +194,6 @@ class Evictor:
         if self.store.counters()["files"] < limit:
             return
         self.run(extra_files=1)
-        self.invalidate_queued()
         if self.store.counters()["files"] >= limit:
             self.enospc_total += 1
             log.warning("max_files_exceeded", max_files=limit)

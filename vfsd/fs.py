@@ -33,6 +33,20 @@ XATTR_PREFIX = b"user.vfsd."
 XATTR_RW = (b"user.vfsd.step", b"user.vfsd.status", b"user.vfsd.pin")
 XATTR_RO = (b"user.vfsd.hash", b"user.vfsd.tier")
 MAX_FILE_SIZE = 1 << 44  # 16 TiB: anything larger is an absurd truncate/write
+#: what mknod may create (directories and symlinks have their own requests)
+_MKNOD_TYPES = frozenset({stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
+
+
+def _parse_step(value: bytes) -> int:
+    """A `user.vfsd.step` value: ASCII decimal digits only (int() would also
+    take "1_000", "+5" and other scripts' digits such as "١٢"), below 2^63."""
+    text = value.strip(b" \t\r\n")
+    if not 0 < len(text) <= 19 or not text.isdigit():  # bytes.isdigit: ASCII only
+        raise pyfuse3.FUSEError(errno.EINVAL)
+    step = int(text)
+    if step >= 1 << 63:
+        raise pyfuse3.FUSEError(errno.EINVAL)
+    return step
 
 
 def _disk_full(exc: BaseException) -> bool:
@@ -141,6 +155,10 @@ class VfsdOperations(pyfuse3.Operations):
         # created; they evict to make room or raise NoSpace. Set by the daemon.
         self.quota = quota
         self.reserve_file = None
+        # () -> (quota bytes or None, bytes used, max files or None), for statfs.
+        self.limits = None
+        # () -> [(parent, name, ino)] that eviction removed and the kernel may cache.
+        self.evicted_names = None
         self._disk_free = 0
         self._disk_checked = 0.0
         self._loading: dict[bytes, trio.Event] = {}  # chunk loads in flight
@@ -149,10 +167,6 @@ class VfsdOperations(pyfuse3.Operations):
         self.ctl = ctldir.ControlDir()
         # `.vfsd/snapshots/`: retained snapshots, read-only (set by the daemon).
         self.snapview: snapview.SnapshotView | None = None
-        # Inodes whose content a restore replaced, and how many times: their
-        # entries carry a new FUSE generation, so the kernel drops what it
-        # cached (under the writeback cache it never takes a size from us).
-        self.restored: dict[int, int] = {}
         # Attribute invalidations go through a worker thread (see run_invalidator):
         # the kernel call may block, and a handler must never block the loop.
         self._inval_send, self._inval_recv = trio.open_memory_channel(math.inf)
@@ -174,9 +188,19 @@ class VfsdOperations(pyfuse3.Operations):
         return ino
 
     def _new_name(self, parent: int, name: bytes) -> None:
-        """Refuse to make a real entry that `.vfsd/` would hide."""
-        if parent == self.root and name == ctldir.NAME:
+        """Refuse to make a real entry under a reserved root name (`.vfsd`, sandbox dirs)."""
+        if parent == self.root and name in ctldir.RESERVED:
             raise pyfuse3.FUSEError(errno.EEXIST)
+
+    def _reserved_missing(self, parent: int, name: bytes) -> pyfuse3.FUSEError:
+        """The error for removing or renaming a reserved root name the store lacks.
+
+        The entry is visible (a virtual directory), so "no such file" would
+        puzzle; it simply cannot be removed.
+        """
+        if parent == self.root and name in ctldir.RESERVED:
+            return pyfuse3.FUSEError(errno.EPERM)
+        return pyfuse3.FUSEError(errno.ENOENT)
 
     def _mirror_lookup(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
         """Lookup below `.vfsd/attr/`: directories and regular files of the tree."""
@@ -211,7 +235,12 @@ class VfsdOperations(pyfuse3.Operations):
         e.st_uid, e.st_gid = root.uid, root.gid
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now_ns()
         e.st_blksize = 4096
-        if ctldir.is_mirror(ino):
+        if ino in ctldir.SANDBOX_INOS:
+            # Never changes: the sandbox stats these on every run, let the kernel keep them.
+            e.attr_timeout = self.entry_timeout
+            e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = root.ctime_ns
+            e.st_mode, e.st_nlink = ctldir.SANDBOX_DIR_MODE, 2
+        elif ctldir.is_mirror(ino):
             # Names below `.vfsd/attr/` follow the real tree, which the kernel
             # does not know they depend on: never cached.
             e.entry_timeout = 0
@@ -228,15 +257,16 @@ class VfsdOperations(pyfuse3.Operations):
             e.st_mode, e.st_nlink = ctldir.DIR_MODE, 2
         else:
             e.st_mode, e.st_nlink = ctldir.FILE_MODE, 1
-            e.st_size = len(self.ctl.render(ino))
-            e.st_blocks = -(-e.st_size // 512)
+            # Size 0, as for /proc files: under the writeback cache the kernel
+            # keeps the first size it hears of a regular file for good, and
+            # these files change all the time. Reads go past it (direct_io),
+            # and tools read to the end when a file says 0.
         return e
 
     def _entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
         e.st_ino = self._fuse_ino(inode.ino)
-        # The kernel compares 32 bits of it (fuse_iget takes an int).
-        e.generation = (inode.gen + self.restored.get(inode.ino, 0)) & 0xFFFFFFFF
+        e.generation = inode.gen
         e.entry_timeout = self.entry_timeout
         # The kernel keeps size and times of files itself (writeback cache),
         # but not st_blocks: while a file is open its attributes are only
@@ -293,12 +323,16 @@ class VfsdOperations(pyfuse3.Operations):
             if name == snapview.NAME and self.snapview is not None:
                 return self.snapview.dir_entry()
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if parent_inode in ctldir.SANDBOX_INOS:
+            raise pyfuse3.FUSEError(errno.ENOENT)  # always empty
         if parent_inode == pyfuse3.ROOT_INODE and name == ctldir.NAME:
             return self._ctl_entry(ctldir.DIR_INO)
         parent = self._ino(parent_inode)
         try:
             inode = self.store.lookup(parent, name)
         except errors.NotFound:
+            if parent == self.root and name in ctldir.SANDBOX_DIRS:
+                return self._ctl_entry(ctldir.SANDBOX_DIRS[name])
             # Every name change passes through this mount's kernel, which drops
             # a cached negative entry itself, so "not there" can be cached too:
             # shells probing $PATH and tools probing config files pay once.
@@ -356,6 +390,7 @@ class VfsdOperations(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EINVAL)
                 if self.quota is not None and attr.st_size > of.inode.size:
                     self.quota(attr.st_size - of.inode.size, ino)
+                    await self._drop_evicted_names()
                 self.files.truncate(of, attr.st_size)
             finally:
                 if temp:
@@ -374,6 +409,14 @@ class VfsdOperations(pyfuse3.Operations):
             changes["mtime_ns"] = attr.st_mtime_ns
         if changes or fields.update_ctime:
             changes["ctime_ns"] = attr.st_ctime_ns if fields.update_ctime else now_ns()
+            if of is not None and changes.keys() <= _TIMES and of.inode.is_reg:
+                # The kernel's own times of a file it writes back (writeback
+                # cache): they commit with the file's content, at the latest
+                # when it is closed, not in a transaction of their own.
+                for name, value in changes.items():
+                    setattr(of.inode, name, value)
+                of.attr_dirty = True
+                return self._entry(of.inode)
             if of is None and changes.keys() <= _TIMES:
                 current = self.store.get_inode(ino)
                 if current.nlink == 0:
@@ -408,11 +451,14 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         self._new_name(self._ino(parent_inode), name)
-        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-            raise pyfuse3.FUSEError(errno.EPERM)
+        # Device nodes are metadata only: the mount is `nodev`, so the kernel
+        # refuses to open them; it also checks CAP_MKNOD before asking us.
+        if stat.S_IFMT(mode) not in _MKNOD_TYPES:
+            raise pyfuse3.FUSEError(errno.EINVAL)
         self.counters.creates += 1
         if self.reserve_file is not None and stat.S_ISREG(mode):
             self.reserve_file()
+            self._queue_evicted_names()
         inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, ctx.gid, rdev)
         return self._remember(inode)
 
@@ -433,14 +479,22 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def unlink(self, parent_inode, name, ctx):
         self.counters.unlinks += 1
-        child = self.store.unlink(self._ino(parent_inode), name)
+        parent = self._ino(parent_inode)
+        try:
+            child = self.store.unlink(parent, name)
+        except errors.NotFound:
+            raise self._reserved_missing(parent, name) from None
         self.files.names_changed(child)
         if child.nlink == 0:
             self._maybe_free(child.ino)
 
     @_guard
     async def rmdir(self, parent_inode, name, ctx):
-        child = self.store.unlink(self._ino(parent_inode), name, rmdir=True)
+        parent = self._ino(parent_inode)
+        try:
+            child = self.store.unlink(parent, name, rmdir=True)
+        except errors.NotFound:
+            raise self._reserved_missing(parent, name) from None
         self._maybe_free(child.ino)
 
     @_guard
@@ -448,10 +502,16 @@ class VfsdOperations(pyfuse3.Operations):
         self._new_name(self._ino(parent_inode_new), name_new)
         if flags & ~(pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE):
             raise pyfuse3.FUSEError(errno.EINVAL)
-        replaced = self.store.rename(
-            self._ino(parent_inode_old), name_old, self._ino(parent_inode_new), name_new,
-            noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE),
-            exchange=bool(flags & pyfuse3.RENAME_EXCHANGE))
+        old_parent = self._ino(parent_inode_old)
+        try:
+            replaced = self.store.rename(
+                old_parent, name_old, self._ino(parent_inode_new), name_new,
+                noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE),
+                exchange=bool(flags & pyfuse3.RENAME_EXCHANGE))
+        except errors.NotFound:
+            if not (old_parent == self.root and name_old in ctldir.RESERVED):
+                raise
+            raise pyfuse3.FUSEError(errno.EPERM) from None
         if replaced is not None:
             self.files.names_changed(replaced)
             if replaced.nlink == 0:
@@ -474,7 +534,7 @@ class VfsdOperations(pyfuse3.Operations):
         if ctldir.is_ctl(inode):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
                 raise pyfuse3.FUSEError(errno.EROFS)
-            if inode == ctldir.DIR_INO:
+            if ctldir.is_dir(inode):
                 raise pyfuse3.FUSEError(errno.EISDIR)
             if ctldir.is_mirror(inode):
                 ino = ctldir.mirrored(inode)
@@ -483,7 +543,8 @@ class VfsdOperations(pyfuse3.Operations):
                 doc = json.dumps(self.attr_document(ino)).encode() + b"\n"
                 return pyfuse3.FileInfo(fh=self.ctl.open_bytes(doc), direct_io=True,
                                         keep_cache=False)
-            return pyfuse3.FileInfo(fh=self.ctl.open(inode), direct_io=True, keep_cache=False)
+            return pyfuse3.FileInfo(fh=await self.ctl.open(inode), direct_io=True,
+                                    keep_cache=False)
         ino = self._ino(inode)
         of = self.files.acquire(ino)
         if not of.inode.is_reg:
@@ -501,6 +562,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.creates += 1
         if self.reserve_file is not None:
             self.reserve_file()
+            self._queue_evicted_names()
         inode = self.store.create(self._ino(parent_inode), name,
                                   stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid)
         self.files.acquire(inode.ino, inode)
@@ -560,15 +622,22 @@ class VfsdOperations(pyfuse3.Operations):
         if of is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         end = off + len(buf)
-        if end > MAX_FILE_SIZE:
-            raise pyfuse3.FUSEError(errno.EFBIG)
         try:
+            if end > MAX_FILE_SIZE:
+                raise pyfuse3.FUSEError(errno.EFBIG)
             if self.quota is not None and end > of.inode.size:
                 self.quota(end - of.inode.size, of.inode.ino)
+                await self._drop_evicted_names()
             self._check_disk_space(len(buf))
         except (errors.NoSpace, pyfuse3.FUSEError):
             # The kernel already took these bytes into its page cache and grew
-            # its idea of the size (writeback cache): make it forget both.
+            # its own idea of the size (writeback cache), which it never takes
+            # back from us while it holds the inode. Drop every name of the
+            # file, so the inode goes when the writer closes it and the next
+            # look shows what the store holds; and drop the cached pages.
+            names = self.store.names_of(fh)
+            await trio.to_thread.run_sync(self._drop_names, names)
+            await self._drop_evicted_names()
             self._inval_send.send_nowait((fh, False))
             raise
         n = self.files.write(of, off, buf)
@@ -619,11 +688,15 @@ class VfsdOperations(pyfuse3.Operations):
         self.files.flush(of)
         digests = list(of.unsynced)
         of.unsynced.clear()
-        # fsync is slow and touches only immutable files: a worker thread.
-        await trio.to_thread.run_sync(self._sync_now, digests)
+        # fsync is slow and touches only files the loop does not rewrite
+        # (chunks, and the hot file through its own descriptor): a worker thread.
+        hot = of.inode.ino if of.hot_file else None
+        await trio.to_thread.run_sync(self._sync_now, digests, hot)
 
-    def _sync_now(self, digests: list[bytes]) -> None:
+    def _sync_now(self, digests: list[bytes], hot: int | None = None) -> None:
         self.store.chunks.fsync(digests)
+        if hot is not None:
+            self.store.hot.fsync(self.store.vol, hot)
         self.store.sync()
 
     @_guard
@@ -658,7 +731,7 @@ class VfsdOperations(pyfuse3.Operations):
     async def opendir(self, inode, ctx):
         if inode == snapview.DIR_INO or snapview.is_snap(inode):
             return self._snapview().opendir(inode)
-        if inode == ctldir.DIR_INO:
+        if ctldir.is_dir(inode):
             return inode
         if ctldir.is_mirror(inode):
             if not self._attrs(ctldir.mirrored(inode)).is_dir:
@@ -683,6 +756,8 @@ class VfsdOperations(pyfuse3.Operations):
                 if i >= start_id and not pyfuse3.readdir_reply(token, name, entry, i + 1):
                     return
             return
+        if fh in ctldir.SANDBOX_INOS:
+            return  # always empty
         if ctldir.is_mirror(fh):
             after = start_id
             while batch := self.store.readdir(ctldir.mirrored(fh), after):
@@ -731,6 +806,19 @@ class VfsdOperations(pyfuse3.Operations):
         s.f_ffree = st.f_ffree
         s.f_favail = st.f_ffree
         s.f_namemax = 255
+        if self.limits is not None:
+            # `df` tells the truth: with a quota, the room is what the quota
+            # leaves (or the disk, if that is less), so tools can see it coming.
+            quota, used, max_files = self.limits()
+            if quota is not None:
+                total = quota // st.f_frsize
+                room = max(quota - used, 0) // st.f_frsize
+                s.f_blocks = min(s.f_blocks, total)
+                s.f_bfree = min(s.f_bfree, room)
+                s.f_bavail = min(s.f_bavail, room)
+            if max_files is not None:
+                s.f_files = max_files
+                s.f_ffree = s.f_favail = max(max_files - counters["files"], 0)
         return s
 
     # --------------------------------------------------------------- xattrs
@@ -770,6 +858,11 @@ class VfsdOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ERANGE)
         if len(value) > 64 * 1024:
             raise pyfuse3.FUSEError(errno.E2BIG)
+        # Attributes take room like content does: they count against the quota.
+        growth = self.store.xattr_growth(ino, name, value)
+        if self.quota is not None and growth > 0:
+            self.quota(growth, ino)
+            await self._drop_evicted_names()
         self.store.set_xattr(ino, name, value)
 
     def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes) -> None:
@@ -789,13 +882,7 @@ class VfsdOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EINVAL)
             self.set_attrs(ino, pinned=text in ("1", "true"))
         else:
-            try:
-                step = int(text)
-            except ValueError:
-                raise pyfuse3.FUSEError(errno.EINVAL) from None
-            if not 0 <= step < 1 << 63:
-                raise pyfuse3.FUSEError(errno.EINVAL)
-            self.set_attrs(ino, step=step)
+            self.set_attrs(ino, step=_parse_step(value))
 
     @_guard
     async def listxattr(self, inode, ctx):
@@ -827,6 +914,37 @@ class VfsdOperations(pyfuse3.Operations):
                 except trio.WouldBlock:
                     break
             await trio.to_thread.run_sync(self._invalidate, batch)
+
+    def _queue_evicted_names(self) -> None:
+        """As `_drop_evicted_names`, without waiting: for create and mknod,
+        whose caller holds the directory's lock until we answer, which the
+        kernel needs to drop a name in it."""
+        if self.evicted_names is None:
+            return
+        for parent, name, ino in self.evicted_names():
+            try:
+                pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
+            except Exception as exc:  # not mounted (unit tests)
+                log.debug("invalidate_failed", ino=ino, error=str(exc))
+
+    async def _drop_evicted_names(self) -> None:
+        """Names that quota eviction just removed leave the kernel's cache
+        before this request is answered (from a worker thread: the calls
+        block, and only this request waits)."""
+        if self.evicted_names is None:
+            return
+        pending = self.evicted_names()
+        if pending:
+            await trio.to_thread.run_sync(self._drop_names,
+                                          [(parent, name) for parent, name, _ in pending])
+
+    @staticmethod
+    def _drop_names(names: list[tuple[int, bytes]]) -> None:
+        for parent, name in names:
+            try:
+                pyfuse3.invalidate_entry(parent, name)
+            except OSError:
+                pass  # not in the kernel's cache
 
     def _invalidate(self, items: set[tuple[int, bool]]) -> None:
         for ino, attr_only in items:

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from . import errors
 from .chunks import chunk_hash
-from .content import LOC_FILE, LOC_LMDB, pack_record, unpack_record
+from .content import HOT_REF, LOC_FILE, LOC_LMDB, pack_record, unpack_record
 from .inode import Inode
 from .lmdbcheck import check_readable
 from .rundir import lock_volume
@@ -109,6 +109,8 @@ class _Volume:
         self.block_count: Counter = Counter()
         self.blocks: dict[int, dict[int, bytes]] = defaultdict(dict)
         self.dangling: list[tuple[int, bytes, int, int]] = []
+        self.hot: set[int] = set()
+        self.hot_index_fix: tuple[set[int], set[int]] | None = None
         self.fix_nlink: list[tuple[int, int]] = []
 
 
@@ -140,10 +142,15 @@ def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
             if volume is None or ino not in volume.inodes:
                 rep.problem(f"block of missing inode {ino} (volume {vol})")
                 continue
+            if bytes(v) == HOT_REF:
+                volume.hot.add(ino)
+                volume.block_count[ino] += 1
+                continue
             refs_found[bytes(v)] += 1
             volume.block_count[ino] += 1
             volume.blocks[ino][_U64.unpack(k[12:])[0]] = bytes(v)
         for volume in vols.values():
+            _check_hot(store, txn, volume, rep)
             snap_fixes += _check_snapshots(store, txn, volume, rep, refs_found)
         damaged = _check_content(store, txn, rep, refs_found, verify, progress)
         if damaged:
@@ -226,6 +233,27 @@ def _check_names(txn, db, volume: _Volume, rep: FsckReport) -> None:
                             "registered as orphan")
     if ROOT_INO not in inodes and not _incomplete(txn, db, volume.vol):
         rep.problem(f"volume {volume.name!r}: root directory missing")
+
+
+def _check_hot(store: Store, txn, volume: _Volume, rep: FsckReport) -> None:
+    """Hot blocks: their inodes are indexed, and their hot files exist."""
+    vb = _U32.pack(volume.vol)
+    indexed = set()
+    cur = txn.cursor(db=store.db["hotino"])
+    if cur.set_range(vb):
+        for k in cur.iternext(values=False):
+            if k[:4] != vb:
+                break
+            indexed.add(_VI.unpack(k)[1])
+    if indexed != volume.hot:
+        rep.problem(f"volume {volume.name!r}: hot-file index has {len(indexed - volume.hot)} "
+                    f"stale and {len(volume.hot - indexed)} missing inodes")
+        volume.hot_index_fix = (indexed - volume.hot, volume.hot - indexed)
+    for ino in volume.hot:
+        if not store.hot.exists(volume.vol, ino):
+            rep.problem(f"volume {volume.name!r}: inode {ino} has hot blocks but no hot file")
+            path = store.view(volume.name).path_of(ino) or f"<inode {ino}>"
+            rep.damaged_files.append(path)
 
 
 def _incomplete(txn, db, vol: int) -> bool:
@@ -442,6 +470,13 @@ def _repair(store: Store, vols: dict[str, _Volume], rep: FsckReport, refs_found:
                 if inode.is_reg and inode.nblocks != volume.block_count[ino]:
                     inode.nblocks = volume.block_count[ino]
                     txn.put(_VI.pack(volume.vol, ino), inode.pack(), db=db["inode"])
+            if volume.hot_index_fix is not None:
+                stale, missing = volume.hot_index_fix
+                for ino in stale:
+                    txn.delete(_VI.pack(volume.vol, ino), db=db["hotino"])
+                for ino in missing:
+                    txn.put(_VI.pack(volume.vol, ino), b"", db=db["hotino"])
+                rep.repaired.append(f"volume {volume.name!r}: hot-file index rebuilt")
         for action, key, value in snap_fixes:
             if action == "drop":
                 for ref in entry_refs(key[4:-8], value):

@@ -1,18 +1,29 @@
-"""Content of regular files while they are in use: write buffers and commits.
+"""Content of regular files while they are in use: write buffers, hot blocks, commits.
 
-Writes land in per-block buffers (`bytearray` per chunk-sized block) and are
-committed to the store when a block fills up, when dirty memory passes a limit,
-and on flush/fsync/release. A committed block always holds exactly its extent
-of the file (the last one is shorter), so its digest is what the file hash of
-`filehash` needs; the store decides where each block lives (inline in LMDB
-when small, a chunk file otherwise). The store does the transactions; this
-module decides what to commit and when.
+New content lands in per-block buffers (`bytearray` per chunk-sized block) and
+is committed to the store when a block fills up, when dirty memory passes a
+limit, and on flush/fsync/release. A committed block always holds exactly its
+extent of the file (the last one is shorter), so its digest is what the file
+hash of `filehash` needs; the store decides where each block lives (inline in
+LMDB when small, a chunk file otherwise).
+
+A chunk-file block that a program modifies in place (a database page, the tail
+of a big log) goes hot instead (`hotfiles`): its bytes move to the inode's hot
+file once, and every later write is one `pwrite` there, with no hashing and no
+copy in memory. Hot blocks settle back into content objects when the file is
+closed, before a snapshot, or when the whole file's hash is needed: hashing
+runs in worker threads (`settle`); `settle_now` is the short synchronous rest.
+
+The store does the transactions; this module decides what to commit and when.
 """
 
 from __future__ import annotations
 
-from . import errors
-from .content import LOC_FILE, ref_digest, ref_loc
+import os
+
+from . import errors, filehash
+from .chunks import chunk_hash
+from .content import LOC_FILE, all_zero, is_hot, ref_digest, ref_loc
 from .inode import Inode
 from .store import Store, now_ns
 
@@ -21,7 +32,8 @@ class OpenFile:
     """One regular file with open handles (or a transient truncate)."""
 
     __slots__ = ("inode", "committed_size", "handles", "dirty", "attr_dirty", "blocks",
-                 "drop_from", "version", "unsynced")
+                 "drop_from", "version", "unsynced", "hot", "hot_gen", "hot_valid",
+                 "hot_file")
 
     def __init__(self, inode: Inode, blocks: dict[int, bytes]) -> None:
         self.inode = inode
@@ -29,10 +41,17 @@ class OpenFile:
         self.handles = 0
         self.dirty: dict[int, bytearray | bytes] = {}  # bytes: a whole, untouched block
         self.attr_dirty = False
-        self.blocks = blocks            # committed block references by index
+        # Committed content references by index; hot blocks are in `hot` instead.
+        self.blocks = {i: r for i, r in blocks.items() if not is_hot(r)}
         self.drop_from: int | None = None       # pending truncate of committed blocks
         self.version = 0                # bumped on every content change
         self.unsynced: set[bytes] = set()       # chunk files committed since last fsync
+        self.hot: set[int] = {i for i, r in blocks.items() if is_hot(r)}
+        self.hot_gen: dict[int, int] = {}       # writes per hot block, to spot races
+        # Settled blocks whose bytes the hot file still holds: going hot
+        # again costs no copy while the reference is the same.
+        self.hot_valid: dict[int, bytes] = {}
+        self.hot_file = bool(self.hot)  # a hot file may exist for this inode
 
     @property
     def is_dirty(self) -> bool:
@@ -43,7 +62,7 @@ class OpenFiles:
     """All open regular files of one daemon, keyed by inode number."""
 
     def __init__(self, store: Store, *, chunk_size: int, inline_max: int,
-                 dirty_limit: int = 64 << 20) -> None:
+                 dirty_limit: int = 8 << 20) -> None:
         if inline_max > chunk_size:
             raise ValueError("inline_max must not exceed chunk_size")
         self.store = store
@@ -57,6 +76,10 @@ class OpenFiles:
         self.dirty_limit = dirty_limit
         self.files: dict[int, OpenFile] = {}
         self.dirty_bytes = 0
+        self.hot = store.hot
+        # Called with an inode number when its last handle goes and hot blocks
+        # remain (the daemon settles them in the background).
+        self.on_hot_release = None
 
     # ------------------------------------------------------------ lifetime
 
@@ -80,12 +103,20 @@ class OpenFiles:
         if of.handles <= 0:
             try:
                 self.flush(of)
+                if of.hot and self.on_hot_release is None and of.inode.nlink > 0:
+                    self.settle_now(of)  # no background settler (library use)
             finally:
                 # Even if the commit failed (disk full), the file leaves the
                 # table: the error was logged and nothing can retry it later.
                 self.dirty_bytes -= sum(len(b) for b in of.dirty.values())
                 of.dirty.clear()
                 del self.files[of.inode.ino]
+                if of.hot:
+                    if of.inode.nlink > 0 and self.on_hot_release is not None:
+                        self.on_hot_release(of.inode.ino)
+                elif of.hot_file:
+                    # Settled and closed: the copy it kept is of no use now.
+                    self.hot.delete(of.inode.vol, of.inode.ino)
 
     def names_changed(self, stored: Inode) -> None:
         """Take link count and ctime from the store after a namespace change."""
@@ -106,14 +137,18 @@ class OpenFiles:
         of.dirty.clear()
         of.drop_from = None
         of.attr_dirty = False
+        of.hot_valid.clear()
+        of.hot_gen.clear()
         try:
             of.inode = self.store.get_inode(ino)
         except errors.NotFound:
             of.inode.nlink = 0
             of.inode.size = 0
-            of.blocks = {}
+            blocks: dict[int, bytes] = {}
         else:
-            of.blocks = self.store.block_map(ino) if of.inode.is_reg else {}
+            blocks = self.store.block_map(ino) if of.inode.is_reg else {}
+        of.blocks = {i: r for i, r in blocks.items() if not is_hot(r)}
+        of.hot = {i for i, r in blocks.items() if is_hot(r)}
         of.committed_size = of.inode.size
         of.version += 1
 
@@ -154,6 +189,8 @@ class OpenFiles:
             blk = of.dirty.get(idx)
             if blk is not None:
                 piece = bytes(blk[boff:boff + n])
+            elif idx in of.hot:
+                piece = self.hot.read(of.inode.vol, of.inode.ino, pos, n)
             else:
                 ref = of.blocks.get(idx)
                 piece = self.store.read_block(ref, boff, n) if ref else b""
@@ -164,6 +201,9 @@ class OpenFiles:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _committed_block(self, of: OpenFile, idx: int) -> bytearray:
+        if idx in of.hot:
+            n = max(min(self.cs, of.committed_size - idx * self.cs), 0)
+            return bytearray(self.hot.read(of.inode.vol, of.inode.ino, idx * self.cs, n))
         ref = of.blocks.get(idx)
         if ref is None:
             return bytearray()
@@ -180,6 +220,85 @@ class OpenFiles:
             blk = of.dirty[idx] = bytearray(blk)
         return blk
 
+    # ------------------------------------------------------------- hot blocks
+
+    def _wants_hot(self, of: OpenFile, idx: int) -> bool:
+        """A partial write into a committed chunk file: cheaper in place."""
+        ref = of.blocks.get(idx)
+        return ref is not None and ref_loc(ref) == LOC_FILE and idx not in of.dirty
+
+    def _go_hot(self, of: OpenFile, idx: int) -> None:
+        """Move a committed block's bytes to the hot file and mark it hot."""
+        ref = of.blocks[idx]
+        if of.hot_valid.get(idx) != ref:
+            data = self.store.read_block(ref, 0, self.cs)
+            self.hot.write(of.inode.vol, of.inode.ino, idx * self.cs, data)
+        # The marker commits before the first write lands in the hot file, so
+        # after a crash the hot file holds the block (old or new bytes).
+        committed, _ = self.store.commit_content(of.inode, hot=[idx], hot_after=True,
+                                                 stamp_step=False)
+        del of.blocks[idx]
+        of.hot_valid.pop(idx, None)
+        of.hot.add(idx)
+        of.hot_file = True
+        of.hot_gen[idx] = of.hot_gen.get(idx, 0) + 1
+        self._adopt(of, committed)
+
+    def hot_digests(self, of: OpenFile) -> dict[int, bytes | None]:
+        """Digest of each hot block (None: all zeros), hashed from the hot file."""
+        out = {}
+        for idx in sorted(of.hot):
+            n = min(self.cs, of.inode.size - idx * self.cs)
+            if n > 0:
+                data = self.hot.read(of.inode.vol, of.inode.ino, idx * self.cs, n)
+                out[idx] = None if all_zero(data) else chunk_hash(data)
+        return out
+
+    def settle_plan(self, of: OpenFile) -> tuple[dict[int, int], dict[int, int], object]:
+        """What settling reads: (write generations, extents, hot file path).
+
+        Taken on the loop; `prepare_blocks` then runs anywhere and
+        `commit_settled` back on the loop.
+        """
+        gens = {idx: of.hot_gen.get(idx, 0) for idx in of.hot}
+        extents = {idx: min(self.cs, of.inode.size - idx * self.cs) for idx in gens}
+        return gens, extents, self.hot.path(of.inode.vol, of.inode.ino)
+
+    def commit_settled(self, of: OpenFile, gens: dict[int, int],
+                       prepared: dict[int, tuple]) -> None:
+        """Turn hot blocks back into content, those not written since they were read."""
+        settled = {}
+        for idx, item in prepared.items():
+            if idx in of.hot and of.hot_gen.get(idx, 0) == gens.get(idx) \
+                    and item[1] == min(self.cs, of.inode.size - idx * self.cs):
+                settled[idx] = item
+            elif item[3] is not None:
+                item[3].unlink(missing_ok=True)  # raced with a write: stays hot
+        if not settled:
+            return
+        self.flush(of)  # attributes first, so the settled record carries the size
+        remaining = of.hot - settled.keys()
+        committed, refs = self.store.commit_content(of.inode, settled=settled,
+                                                    hot_after=bool(remaining), stamp_step=False)
+        for idx, ref in refs.items():
+            of.hot.discard(idx)
+            of.hot_gen.pop(idx, None)
+            if ref is None:
+                of.blocks.pop(idx, None)
+            else:
+                of.blocks[idx] = ref
+                of.hot_valid[idx] = ref
+                if ref_loc(ref) == LOC_FILE:
+                    of.unsynced.add(ref_digest(ref))
+        self._adopt(of, committed)
+
+    def settle_now(self, of: OpenFile) -> None:
+        """Settle every hot block on this thread (for the few left after `settle`)."""
+        if of.hot:
+            gens, extents, path = self.settle_plan(of)
+            prepared = prepare_blocks(self.store, path, extents, self.inline_max)
+            self.commit_settled(of, gens, prepared)
+
     # --------------------------------------------------------------- write
 
     def write(self, of: OpenFile, off: int, buf: bytes) -> int:
@@ -187,9 +306,18 @@ class OpenFiles:
         view = memoryview(buf)
         pos = off
         full: list[int] = []
+        vol, ino = of.inode.vol, of.inode.ino
         while view:
             idx, boff = divmod(pos, cs)
             n = min(cs - boff, len(view))
+            if idx not in of.hot and self._wants_hot(of, idx) and not (boff == 0 and n == cs):
+                self._go_hot(of, idx)
+            if idx in of.hot:
+                self.hot.write(vol, ino, pos, view[:n])
+                of.hot_gen[idx] = of.hot_gen.get(idx, 0) + 1
+                pos += n
+                view = view[n:]
+                continue
             blk = of.dirty.get(idx)
             if blk is None and boff == 0 and n == cs:
                 # A whole block, kept as immutable bytes: the usual 1 MiB
@@ -226,9 +354,9 @@ class OpenFiles:
             # a sequential writer's writes all reach the end of the file.
             self.flush(of)
         elif full:
-            # Writes into the middle of a large file (mmap, dd conv=notrunc)
-            # commit whole chunks only, so a chunk is not rewritten per page;
-            # the rest waits for release or fsync.
+            # Writes into the middle of a large file (dd conv=notrunc) commit
+            # whole chunks only, so a chunk is not rewritten per page; the
+            # rest waits for release or fsync.
             self._commit_blocks(of, sorted(set(full)))
         return len(buf)
 
@@ -239,12 +367,19 @@ class OpenFiles:
             keep = -(-size // cs)  # blocks that still hold data
             for idx in [i for i in of.dirty if i >= keep]:
                 self.dirty_bytes -= len(of.dirty.pop(idx))
-            if any(i >= keep for i in of.blocks):
-                for idx in [i for i in of.blocks if i >= keep]:
-                    del of.blocks[idx]
+            gone = [i for i in of.blocks if i >= keep] + [i for i in of.hot if i >= keep]
+            if gone:
+                for idx in gone:
+                    of.blocks.pop(idx, None)
+                    of.hot.discard(idx)
+                    of.hot_gen.pop(idx, None)
                 of.drop_from = keep if of.drop_from is None else min(of.drop_from, keep)
+            for idx in [i for i in of.hot_valid if i >= keep - 1]:
+                del of.hot_valid[idx]
+            # Hot file offsets are file offsets: cutting it cuts the hot tail.
+            self.hot.truncate(inode.vol, inode.ino, size)
             tail = size - (keep - 1) * cs if keep else 0
-            if keep and tail < cs:
+            if keep and tail < cs and keep - 1 not in of.hot:
                 blk = self._load_dirty(of, keep - 1)
                 if len(blk) > tail:
                     self.dirty_bytes -= len(blk) - tail
@@ -288,38 +423,74 @@ class OpenFiles:
         idxs = sorted(set(idxs) | ({of.committed_size // self.cs} & of.dirty.keys()))
         blocks = {i: self._exact(of, i) for i in idxs if i in of.dirty}
         committed, refs = self.store.commit_content(
-            of.inode, blocks=blocks, drop_blocks_from=of.drop_from)
+            of.inode, blocks=blocks, drop_blocks_from=of.drop_from,
+            hot_after=bool(of.hot) if of.drop_from is not None else None)
         of.drop_from = None
         of.attr_dirty = False  # the committed record carries the current attributes
         for idx, ref in refs.items():
             self.dirty_bytes -= len(of.dirty.pop(idx, b""))
+            of.hot_valid.pop(idx, None)
             if ref is None:
                 of.blocks.pop(idx, None)
             else:
                 of.blocks[idx] = ref
                 if ref_loc(ref) == LOC_FILE:
                     of.unsynced.add(ref_digest(ref))
+        self._adopt(of, committed)
+
+    @staticmethod
+    def _adopt(of: OpenFile, committed: Inode) -> None:
         of.committed_size = committed.size
         of.inode.step = committed.step
         of.inode.inline = committed.inline
         of.inode.nblocks = committed.nblocks
 
     def flush(self, of: OpenFile) -> None:
-        """Commit everything buffered for this file."""
+        """Commit everything buffered for this file (hot blocks stay hot)."""
         if not of.is_dirty:
             return
         self._pad_tail(of)
         self._commit_blocks(of, list(of.dirty))
 
     def content_hash(self, ino: int) -> bytes:
-        """The file hash (see `filehash`): from block digests, no content read."""
+        """The file hash (see `filehash`): from block digests, no content read
+        except hot blocks, which are hashed from the hot file."""
         of = self.files.get(ino)
         if of is not None:
             self.flush(of)
-            inode, blocks = of.inode, of.blocks
-        else:
-            inode = self.store.get_inode(ino)
-            blocks = self.store.block_map(ino) if inode.is_reg else {}
+            digests = {i: ref_digest(r) for i, r in of.blocks.items()}
+            digests.update((i, d) for i, d in self.hot_digests(of).items() if d)
+            return filehash.file_hash(of.inode.size, digests, self.cs)
+        inode = self.store.get_inode(ino)
         if not inode.is_reg:
             raise errors.InvalidArgument("not a regular file")
-        return self.store.file_hash(inode.size, blocks)
+        return self.store.file_hash(inode.size, self.store.block_map(ino), ino)
+
+
+def prepare_blocks(store: Store, hot_path, extents: dict[int, int],
+                   inline_max: int) -> dict[int, tuple]:
+    """Read, hash and stage hot blocks (safe in a worker thread: own descriptor).
+
+    Returns index -> (digest or None for zeros, size, small bytes or None,
+    temporary chunk file or None), as `Store.commit_content(settled=...)` takes.
+    """
+    out: dict[int, tuple] = {}
+    try:
+        fd = os.open(hot_path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return out
+    try:
+        for idx, n in sorted(extents.items()):
+            if n <= 0:
+                continue
+            data = os.pread(fd, n, idx * store.chunk_size)
+            data = data if len(data) == n else data.ljust(n, b"\0")
+            if all_zero(data):
+                out[idx] = (None, n, None, None)
+            elif n <= inline_max:
+                out[idx] = (chunk_hash(data), n, data, None)
+            else:
+                out[idx] = (chunk_hash(data), n, None, store.chunks.write_temp(data))
+    finally:
+        os.close(fd)
+    return out

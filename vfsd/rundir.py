@@ -15,11 +15,15 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import MOUNT_DIRNAME, STATE_DIRNAME
 from .errors import StoreLocked
+
+_MOUNTINFO_ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
 @dataclass
@@ -68,7 +72,7 @@ class RunDir:
                 f"{self.path} already uses store {recorded['store']}, not {store}")
         if store == self.state:
             return store, "default"
-        return store, str(self.path)
+        return store, volume_name(self.path)
 
     def record_store(self, store: Path, volume: str) -> None:
         if store == self.state and volume == "default":
@@ -82,6 +86,23 @@ class RunDir:
             return int(self.pidfile.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
+
+
+def volume_name(run_path: Path) -> str:
+    """The volume name of a run dir in a shared store: its path, as text that
+    encodes to UTF-8 (bytes of a non-UTF-8 path are written as \\xNN)."""
+    return os.fsencode(run_path).decode("utf-8", "backslashreplace")
+
+
+def utf8_problem(path: Path) -> str | None:
+    """Why LMDB cannot open a store at `path` (it takes UTF-8 paths only), or None."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        return (f"the store path {shown} is not valid UTF-8, which LMDB requires; "
+                "give --store a directory whose path is UTF-8")
+    return None
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -115,15 +136,42 @@ def lock_volume(store: Path, volume: str) -> int:
     return fd
 
 
+def _unescape_mountinfo(field: bytes) -> bytes:
+    """A mountinfo path field as the kernel saw it: space, tab, newline and
+    backslash are written there as octal escapes (\\040, \\011, \\012, \\134)."""
+    return _MOUNTINFO_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field)
+
+
+def mounted_paths() -> set[bytes]:
+    """Every mount point in this process's mount namespace, as raw bytes."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            return {_unescape_mountinfo(line.split(b" ")[4]) for line in f}
+    except OSError:
+        return set()
+
+
+def is_mount_point(path: Path) -> bool:
+    """True when `path` (symlinks resolved) is a mount point."""
+    return os.fsencode(os.path.realpath(path)) in mounted_paths()
+
+
+def remove_stale_mount(mountpoint: Path) -> bool:
+    """Detach the mount on `mountpoint` lazily; True if fusermount3 succeeded.
+
+    An argument list, never a shell line: a run dir may be named anything.
+    """
+    try:
+        proc = subprocess.run(["fusermount3", "-u", "-z", "--", str(mountpoint)],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
 def mount_state(mountpoint: Path) -> str:
     """'none', 'live' or 'stale' (a FUSE mount whose daemon is gone)."""
-    target = os.path.realpath(mountpoint)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            mounted = any(line.split()[4] == target for line in f)
-    except OSError:
-        mounted = False
-    if not mounted:
+    if not is_mount_point(mountpoint):
         return "none"
     try:
         # statfs is never answered from the kernel's caches (stat may be), so

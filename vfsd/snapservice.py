@@ -51,12 +51,22 @@ class SnapshotService:
         self.lock = trio.Lock()
 
     async def _quiesce(self) -> None:
-        """Get programs' writes into the store."""
+        """Get programs' writes into the store, as content objects.
+
+        Hot blocks are hashed in worker threads first; whatever went hot
+        again meanwhile is settled by the caller with `_settle_rest` in the
+        same loop turn as the snapshot or restore itself.
+        """
         try:
             await trio.to_thread.run_sync(syncfs, self.daemon.run.mountpoint)
         except OSError as exc:  # unit tests without a mount
             log.debug("syncfs_failed", error=str(exc))
         self.ops.flush_all()
+        await self.daemon.settler.settle_all()
+
+    def _settle_rest(self) -> None:
+        self.ops.flush_all()
+        self.daemon.settler.settle_rest_now()
 
     # ------------------------------------------------------------- create
 
@@ -66,6 +76,7 @@ class SnapshotService:
         the live tree has not changed since it (exact, and no new record)."""
         async with self.lock:
             await self._quiesce()
+            self._settle_rest()
             rec = self._unchanged_base(pinned) if reuse else None
             if rec is not None:
                 return rec
@@ -126,34 +137,25 @@ class SnapshotService:
         async with self.lock:
             self.snaps.get(ident)  # a clear error before any work
             await self._quiesce()
+            self._settle_rest()
             res = self.snaps.restore(ident)
             files = self.ops.files
+            held_open = [ino for ino in res["inodes"] if ino in files.files]
             for ino in res["inodes"]:
                 files.reload(ino)
-            for _parent, _name, ino in res["dropped"]:
-                self.ops.restored[ino] = self.ops.restored.get(ino, 0) + 1
             self.ops._maybe_free(*res["unlinked"])
-            await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"],
-                                          res["dropped"])
+            await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
         log.info("restored", id=res["id"], changed=res["changed"],
                  duration_ms=res["duration_ms"])
+        # The kernel keeps its own size of a file held open (writeback cache)
+        # until it is closed: say which ones.
+        open_files = sorted(p for p in (self.store.path_of(i) for i in held_open) if p)
         return {"id": res["id"], "step": res["step"], "changed": res["changed"],
                 "inodes": len(res["inodes"]), "names": len(res["dentries"]),
-                "duration_ms": res["duration_ms"]}
+                "open_files": open_files, "duration_ms": res["duration_ms"]}
 
     @staticmethod
-    def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int],
-                     dropped: list[tuple[int, bytes, int]] = ()) -> None:
-        # Files whose content changed: under the writeback cache the kernel
-        # keeps its own size of a cached file, so it must drop the inode. Their
-        # entries now carry a new generation (`ops.restored`): the next lookup
-        # of any of their names makes the kernel retire the old inode (I/O on
-        # a descriptor still open on it fails) and load the restored one.
-        for parent, name, _ino in dropped:
-            try:
-                pyfuse3.invalidate_entry(parent, name)
-            except OSError:
-                pass  # not in the kernel's cache
+    def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int]) -> None:
         for parent, name in dentries:
             try:
                 pyfuse3.invalidate_entry(parent, name)
@@ -170,7 +172,10 @@ class SnapshotService:
     async def fork(self, ident: str, run_dir: str) -> dict:
         """A new volume holding snapshot `ident`, for the run dir `run_dir`."""
         seq = parse_id(ident)
-        new = self._check_fork_target(run_dir)
+        new = self._check_fork_path(run_dir)
+        # Looking at the target touches the filesystem, which may be this very
+        # mount or a hung one: never from the loop.
+        await trio.to_thread.run_sync(self._check_fork_target, new)
         store = self.store
         name = str(new.path)
         async with self.lock:
@@ -189,33 +194,45 @@ class SnapshotService:
                 self.snaps.held[seq] -= 1
                 if not self.snaps.held[seq]:
                     del self.snaps.held[seq]
-        new.state.mkdir(parents=True, exist_ok=True, mode=0o700)
-        new.record_store(store.dir, name)
+        await trio.to_thread.run_sync(self._record_run_dir, new, name)
         log.info("forked", snapshot=ident, run_dir=name, files=dest.counters()["files"])
         return {"run_dir": name, "store": str(store.dir), "volume": name,
                 "run": dest.run_id, "snapshot": ident, "files": dest.counters()["files"]}
+
+    def _record_run_dir(self, new: RunDir, volume: str) -> None:
+        new.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        new.record_store(self.store.dir, volume)
 
     def _visible(self, seq: int) -> list[bytes]:
         with self.store.txn() as txn:
             return self.snaps._visible_okeys(txn, seq)
 
-    def _check_fork_target(self, run_dir: str) -> RunDir:
+    def _check_fork_path(self, run_dir: str) -> RunDir:
+        """Checks that need no filesystem access (done on the loop)."""
         if not isinstance(run_dir, str) or not run_dir or "\0" in run_dir:
             raise SnapshotError("the new run dir must be a non-empty path")
+        if len(run_dir) > 4000:
+            raise SnapshotError("the new run dir's path is too long")
         path = Path(run_dir)
         if not path.is_absolute():
             raise SnapshotError("the new run dir must be an absolute path")
         new = RunDir(path)
+        self._refuse_inside(new.path)
+        return new
+
+    def _refuse_inside(self, path: Path) -> None:
         mine = self.daemon.run
         for other in (mine.path, mine.mountpoint, self.store.dir):
-            real = Path(os.path.realpath(new.path))
-            if real == other or other in real.parents:
-                raise SnapshotError(f"{new.path} is inside {other}: pick a directory elsewhere")
+            if path == other or other in path.parents:
+                raise SnapshotError(f"{path} is inside {other}: pick a directory elsewhere")
+
+    def _check_fork_target(self, new: RunDir) -> None:
+        """Checks that look at the filesystem (in a worker thread)."""
+        self._refuse_inside(Path(os.path.realpath(new.path)))
         if new.store_file.exists():
             raise SnapshotError(f"{new.path} is already a run dir")
         if new.mountpoint.exists() and any(new.mountpoint.iterdir()):
             raise SnapshotError(f"{new.mountpoint} is not empty")
-        return new
 
     def _new_volume(self, name: str, rec: dict):
         store = self.store

@@ -61,6 +61,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import errors
+from .content import is_hot
 from .inode import INODE_SIZE, Inode
 from .store import ROOT_INO, Store, dentry_key, inode_key
 
@@ -204,8 +205,11 @@ class Snapshots:
 
     # ------------------------------------------------------ live objects
 
-    def live_value(self, txn, okey: bytes) -> bytes:
-        """The entry value of a live object (b"" when it does not exist)."""
+    def live_value(self, txn, okey: bytes, *, allow_hot: bool = False) -> bytes:
+        """The entry value of a live object (b"" when it does not exist).
+
+        Hot blocks (not content objects) make it an error unless `allow_hot`
+        (a diff may compare them: they differ from any snapshot's)."""
         st = self.store
         if okey[:1] == b"d":
             parent = _U64.unpack(okey[1:9])[0]
@@ -221,8 +225,12 @@ class Snapshots:
             return b""  # an orphan: unreachable, so not part of the tree
         up = st._parent_of(txn, ino) or (0, b"")
         target = txn.get(st._key(ino), db=self.db["link"])
+        blocks = st._block_map(txn, ino) if inode.is_reg else {}
+        if not allow_hot and any(is_hot(r) for r in blocks.values()):
+            # Entries name content objects only: the caller settles hot blocks first.
+            raise errors.StoreError(f"inode {ino} has hot blocks: settle them first")
         return pack_inode_entry(InodeEntry(
-            inode, up[0], up[1], st._block_map(txn, ino) if inode.is_reg else {},
+            inode, up[0], up[1], blocks,
             bytes(target) if target is not None else b"", st._xattrs_of(txn, ino)))
 
     def _live_okeys(self, txn):
@@ -613,7 +621,7 @@ class Snapshots:
                 ino = _U64.unpack(okey[1:9])[0]
                 old = self._inode_at(txn, sa, ino)
                 if sb is None:
-                    raw = self.live_value(txn, okey)
+                    raw = self.live_value(txn, okey, allow_hot=True)
                     new = unpack_inode_entry(ino, raw) if raw else None
                     new_path = st._path_in(txn, ino) if new else None
                 else:
@@ -679,7 +687,7 @@ class Snapshots:
         touched_inodes: list[int] = []
         unlinked: list[int] = []
         freed: list[bytes] = []
-        dropped: list[tuple[int, bytes, int]] = []
+        self.hot_reset: list[int] = []
         with st.txn(write=True) as txn, st.batched_counters(txn):
             rec = self._get(txn, seq)
             okeys = self.changed_since(txn, seq)
@@ -689,6 +697,11 @@ class Snapshots:
                 targets[okey] = got[1] if got else b""
             dentries = [k for k in okeys if k[:1] == b"d"]
             inodes = [k for k in okeys if k[:1] == b"i"]
+            # Under the writeback cache the kernel keeps its own size of a file
+            # it has in memory: the only way to make it forget is to drop every
+            # name of a changed inode, so it looks the inode up afresh.
+            names_before = {ino: st._names_of(txn, ino)
+                            for ino in (_U64.unpack(k[1:9])[0] for k in inodes)}
             # Names that must go or change first, so inodes can be set freely.
             for okey in dentries:
                 parent, name = _U64.unpack(okey[1:9])[0], okey[10:]
@@ -701,7 +714,6 @@ class Snapshots:
                 target = targets[okey]
                 if self.live_value(txn, okey) == target:
                     continue
-                dropped += self._cached_names(txn, ino)
                 freed += self._set_live_inode(txn, ino, target, unlinked)
                 touched_inodes.append(ino)
             for okey in dentries:
@@ -711,38 +723,21 @@ class Snapshots:
                     st._add_entry(txn, parent, name, _U64.unpack(target)[0])
                     if (parent, name) not in touched_dentries:
                         touched_dentries.append((parent, name))
+            kernel_names = dict.fromkeys(touched_dentries)
+            for ino in touched_inodes:
+                kernel_names.update(dict.fromkeys(names_before[ino]))
+                kernel_names.update(dict.fromkeys(st._names_of(txn, ino)))
             txn.put(st._vp + b"step", _U64.pack(rec["step"]), db=self.db["meta"])
             self._set_meta(txn, b"snap_base", seq)
             st.set_base(txn)
         st.base_set()
         st._delete_unreferenced(freed)
-        return {"id": snapshot_id(seq), "step": rec["step"], "dentries": touched_dentries,
-                "inodes": touched_inodes, "unlinked": unlinked, "dropped": dropped,
+        for ino in self.hot_reset:
+            st.hot.delete(st.vol, ino)
+        return {"id": snapshot_id(seq), "step": rec["step"], "dentries": list(kernel_names),
+                "inodes": touched_inodes, "unlinked": unlinked,
                 "changed": len(touched_inodes) + len(touched_dentries),
                 "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}
-
-    def _cached_names(self, txn, ino: int) -> list[tuple[int, bytes, int]]:
-        """(parent, name, ino) of every name of a live regular file, before a
-        restore changes it: under the writeback cache the kernel keeps its own
-        size of a file it has cached, so it must be made to drop the inode
-        (see `snapservice`)."""
-        st = self.store
-        raw = txn.get(st._key(ino), db=self.db["inode"])
-        if raw is None:
-            return []
-        inode = Inode.unpack(ino, raw)
-        if not inode.is_reg or inode.nlink == 0:
-            return []
-        key = st._key(ino)
-        out = []
-        cur = txn.cursor(db=self.db["backlink"])
-        if cur.set_range(key):
-            for k in cur.iternext(values=False):
-                if k[:len(key)] != key:
-                    break
-                out.append((_U64.unpack(k[len(key):len(key) + 8])[0],
-                            bytes(k[len(key) + 8:]), ino))
-        return out
 
     def _set_live_inode(self, txn, ino: int, target: bytes, unlinked: list[int]) -> list[bytes]:
         """Make the live inode what `target` says (b"": not in the tree)."""
@@ -762,6 +757,10 @@ class Snapshots:
             unlinked.append(ino)
             return []
         e = unpack_inode_entry(ino, target)
+        if txn.get(key, db=self.db["hotino"]) is not None:
+            # The hot file belongs to the content being replaced.
+            txn.delete(key, db=self.db["hotino"])
+            self.hot_reset.append(ino)
         new = e.inode
         new.vol = st.vol
         if old is not None and old.is_reg:

@@ -28,8 +28,11 @@ Schema version 2. Integers are big-endian, so range scans run in order;
             paths for references and logs without a tree walk.
 `link`      vi -> symlink target.
 `block`     vi + block index u64 -> block reference (17 bytes: digest and
-            location, see `content`). A missing block inside the file size is a
-            hole (reads as zeros).
+            location, see `content`), or `HOT_REF`: the block's bytes are in
+            the inode's hot file (`hotfiles`). A missing block inside the file
+            size is a hole (reads as zeros).
+`hotino`    vi -> b"": inodes that have hot blocks (to settle them after a
+            restart, before a snapshot).
 `content`   digest (16) -> refcount u64 + size u32 + location u8. Invariant:
             a record with refcount > 0 names an object that is present, in
             `blob` (location LMDB) or as a chunk file (location FILE). A FILE
@@ -60,6 +63,7 @@ import contextlib
 import copy
 import os
 import secrets
+import shutil
 import stat
 import struct
 import time
@@ -68,10 +72,12 @@ from pathlib import Path
 
 import lmdb
 
-from . import DEFAULT_INLINE_MAX, errors, filehash
-from .chunks import ChunkStore
-from .content import ContentStore, ref_digest
+from . import DEFAULT_INLINE_MAX, compact, errors, filehash
+from .chunks import ChunkStore, chunk_hash
+from .content import HOT_REF, ContentStore, is_hot, ref_digest
+from .content import all_zero as content_all_zero
 from .eventlog import EventLog
+from .hotfiles import HotFiles
 from .inode import STATUS_DONE, Inode
 
 SCHEMA_VERSION = 2
@@ -93,7 +99,7 @@ _VOL_STEP_INO = struct.Struct(">IQQ")
 _DB_NAMES = (
     "meta", "volume", "inode", "dentry", "dirlist", "backlink", "link", "block",
     "content", "blob", "xattr", "bystep", "agestep", "donestep", "orphan",
-    "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty",
+    "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty", "hotino",
 )
 
 _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
@@ -132,6 +138,46 @@ def dentry_key(parent: int, name: bytes) -> bytes:
 def inode_key(ino: int) -> bytes:
     """Object key of an inode (attributes, content, xattrs, link target)."""
     return b"i" + _u64(ino)
+
+
+class _Txn:
+    """`Store.txn()`: a plain class, cheaper than a generator context manager
+    (every request opens at least one)."""
+
+    __slots__ = ("store", "write", "txn")
+
+    def __init__(self, store: Store, write: bool) -> None:
+        self.store = store
+        self.write = write
+
+    def __enter__(self):
+        try:
+            self.txn = self.store.env.begin(write=self.write)
+        except lmdb.Error as exc:
+            raise translate(exc) from exc
+        return self.txn
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        st = self.store
+        if exc_type is not None:
+            self.txn.abort()
+            st._pending_marks.clear()
+            st._base_touched = False
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc) from exc
+            return False
+        try:
+            self.txn.commit()
+        except lmdb.Error as err:
+            st._pending_marks.clear()
+            st._base_touched = False
+            raise translate(err) from err
+        if st._pending_marks:
+            st._marked |= st._pending_marks
+            st._pending_marks.clear()
+        if st._base_touched:
+            st.base_clean = st._base_touched = False
+        return False
 
 
 class Store:
@@ -174,6 +220,8 @@ class Store:
             raise errors.StoreVersionError(
                 f"store at {self.dir / 'lmdb'} is damaged or not a vfsd store: {exc}") from None
         self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
+        self.hot = HotFiles(self.dir / "hot")
+        self._hot_gone: list[int] = []
         self.content = ContentStore(self.db, self.chunks, self._bump, inline_max)
         self.logs = EventLog(self)
         self._deltas: dict[bytes, int] | None = None
@@ -197,6 +245,9 @@ class Store:
     def _open_env(self, readonly: bool, create: bool, map_size: int, sync: bool):
         lmdb_dir = self.dir / "lmdb"
         data_file = lmdb_dir / "data.mdb"
+        if not readonly and ((self.dir / "lmdb.old").exists()
+                             or (self.dir / "lmdb.compact").exists()):
+            compact.recover(self.dir)
         if data_file.exists():
             if data_file.stat().st_size < 2 * 4096:  # not even LMDB's two meta pages
                 raise errors.StoreVersionError(
@@ -252,29 +303,13 @@ class Store:
         except lmdb.Error as exc:
             raise translate(exc) from exc
 
-    @contextlib.contextmanager
-    def txn(self, write: bool = False):
-        """An LMDB transaction whose failures are store errors.
+    def txn(self, write: bool = False) -> _Txn:
+        """An LMDB transaction whose failures are store errors (a context manager).
 
         Snapshot change marks made in a write transaction count only once it
         has committed.
         """
-        try:
-            with self.env.begin(write=write) as txn:
-                yield txn
-        except lmdb.Error as exc:
-            self._pending_marks.clear()
-            self._base_touched = False
-            raise translate(exc) from exc
-        except BaseException:
-            self._pending_marks.clear()
-            self._base_touched = False
-            raise
-        if self._pending_marks:
-            self._marked |= self._pending_marks
-            self._pending_marks.clear()
-        if self._base_touched:
-            self.base_clean = self._base_touched = False
+        return _Txn(self, write)
 
     def _open_volume(self, name: str | None, create: bool) -> tuple[int, int]:
         db = self.db
@@ -329,7 +364,7 @@ class Store:
     #: tables whose keys start with the volume id
     _PER_VOLUME = ("inode", "dentry", "dirlist", "backlink", "link", "block", "xattr",
                    "bystep", "agestep", "donestep", "orphan", "evicted", "evictino", "removed",
-                   "snap", "sgone", "sver", "sgen", "sdirty")
+                   "snap", "sgone", "sver", "sgen", "sdirty", "hotino")
 
     def drop_volume(self, name: str) -> None:
         """Delete a volume and its snapshots, releasing the content they held."""
@@ -360,6 +395,7 @@ class Store:
             txn.delete(name.encode(), db=self.db["volume"])
             freed = self.content.apply(txn, refs)
         self._delete_unreferenced(freed)
+        shutil.rmtree(self.hot.root / str(view.vol), ignore_errors=True)
 
     def view(self, name: str) -> Store:
         """A handle on another volume of this store (same environment).
@@ -898,6 +934,23 @@ class Store:
         k = cur.key()
         return _U64.unpack(k[12:20])[0], bytes(k[20:])
 
+    def names_of(self, ino: int) -> list[tuple[int, bytes]]:
+        """Every (parent, name) of `ino`."""
+        with self.txn() as txn:
+            return self._names_of(txn, ino)
+
+    def _names_of(self, txn, ino: int) -> list[tuple[int, bytes]]:
+        """Every (parent, name) of `ino`."""
+        out = []
+        key = self._key(ino)
+        cur = txn.cursor(db=self.db["backlink"])
+        if cur.set_range(key):
+            for k in cur.iternext(values=False):
+                if k[:12] != key:
+                    break
+                out.append((_U64.unpack(k[12:20])[0], bytes(k[20:])))
+        return out
+
     def _check_not_ancestor(self, txn, ancestor: int, ino: int) -> None:
         """Refuse to move a directory below itself."""
         hops = 0
@@ -956,7 +1009,7 @@ class Store:
                 if len(name) > MAX_NAME:
                     raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
                 if not inode.is_dir:
-                    raise errors.NotADirectory(part)
+                    raise errors.NotFound(part)  # a symlink or file on the way: no such path
                 raw = txn.get(self._key(inode.ino) + name, db=self.db["dentry"])
                 if raw is None:
                     raise errors.NotFound(part)
@@ -992,10 +1045,22 @@ class Store:
         """Bytes of one stored block, verified against its digest."""
         return self.content.read(self.txn, ref, offset, length)
 
-    def file_hash(self, size: int, blocks: dict[int, bytes]) -> bytes:
-        """The content hash of a file with these block references (see `filehash`)."""
-        return filehash.file_hash(size, {i: ref_digest(r) for i, r in blocks.items()},
-                                  self.chunk_size)
+    def file_hash(self, size: int, blocks: dict[int, bytes], ino: int | None = None) -> bytes:
+        """The content hash of a file with these block references (see `filehash`);
+        hot blocks (of inode `ino`) are read from its hot file and hashed."""
+        cs = self.chunk_size
+        digests = {}
+        for i, r in blocks.items():
+            if is_hot(r):
+                n = min(cs, size - i * cs)
+                if n <= 0:
+                    continue
+                data = self.hot.read(self.vol, ino, i * cs, n)
+                if not content_all_zero(data):
+                    digests[i] = chunk_hash(data)
+            else:
+                digests[i] = ref_digest(r)
+        return filehash.file_hash(size, digests, cs)
 
     def commit_content(
         self,
@@ -1004,13 +1069,21 @@ class Store:
         blocks: dict[int, bytes | bytearray | None] | None = None,
         drop_blocks_from: int | None = None,
         stamp_step: bool = True,
+        hot: list[int] | None = None,
+        settled: dict[int, tuple] | None = None,
+        hot_after: bool | None = None,
     ) -> tuple[Inode, dict[int, bytes | None]]:
         """Commit new content and attributes of a regular file in one transaction.
 
         `blocks` maps block index -> new block bytes (None or all zeros make a
         hole); `drop_blocks_from` drops every block at or past that index
-        (truncate). Returns the committed inode and the new block references
-        by index (None for holes).
+        (truncate). `hot` lists blocks whose bytes now live in the inode's hot
+        file (their objects are released); `settled` maps hot blocks back to
+        content: index -> (digest or None for a hole, size, small bytes or
+        None, temporary chunk file or None), skipped for a block no longer hot.
+        `hot_after` says whether the file keeps hot blocks (the `hotino`
+        index). Returns the committed inode and the new block references by
+        index (None for holes).
         """
         new_refs: dict[int, bytes | None] = {}
         freed: list[bytes] = []
@@ -1043,11 +1116,52 @@ class Store:
                     if digest is not None:
                         freed.append(digest)
                 new_refs[idx] = ref
+            for idx in hot or ():
+                bkey = self._key(inode.ino) + _u64(idx)
+                prev = txn.get(bkey, db=self.db["block"])
+                prev = bytes(prev) if prev is not None else None
+                txn.put(bkey, HOT_REF, db=self.db["block"])
+                new.nblocks += prev is None
+                if prev is not None:
+                    digest = self.content.decref(txn, prev)
+                    if digest is not None:
+                        freed.append(digest)
+            for idx, (digest, size, data, tmp) in (settled or {}).items():
+                bkey = self._key(inode.ino) + _u64(idx)
+                if txn.get(bkey, db=self.db["block"]) != HOT_REF:
+                    if tmp is not None:
+                        tmp.unlink(missing_ok=True)
+                    continue  # truncated or rewritten meanwhile
+                if digest is None:
+                    txn.delete(bkey, db=self.db["block"])
+                    new.nblocks -= 1
+                    ref = None
+                else:
+                    ref = self.content.put_settled(txn, digest, size, data=data, tmp=tmp)
+                    txn.put(bkey, ref, db=self.db["block"])
+                new_refs[idx] = ref
+            if hot_after is not None:
+                if hot_after:
+                    txn.put(self._key(inode.ino), b"", db=self.db["hotino"])
+                else:
+                    txn.delete(self._key(inode.ino), db=self.db["hotino"])
             new.inline = new.size <= self.inline_max
             self._reindex(txn, old, new)
             self._put_inode(txn, new)
         self._delete_unreferenced(freed)
         return new, new_refs
+
+    def hot_inodes(self) -> list[int]:
+        """Inodes of this volume that have hot blocks."""
+        out = []
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db["hotino"])
+            if cur.set_range(self._vb):
+                for k in cur.iternext(values=False):
+                    if k[:4] != self._vb:
+                        break
+                    out.append(_VI.unpack(k)[1])
+        return out
 
     def _drop_blocks(self, txn, ino: int, first: int) -> tuple[list[bytes], int]:
         """Drop blocks from index `first` on: (chunk digests freed, blocks dropped)."""
@@ -1183,9 +1297,12 @@ class Store:
     def free_inodes(self, inos: list[int]) -> None:
         """Free nameless, unused inodes and their content, in one transaction."""
         freed: list[bytes] = []
+        self._hot_gone = []
         with self.txn(write=True) as txn:
             for ino in inos:
                 freed += self._free_inode(txn, ino)
+        for ino in self._hot_gone:
+            self.hot.delete(self.vol, ino)
         self._delete_unreferenced(freed)
 
     def free_inode(self, ino: int) -> None:
@@ -1198,6 +1315,9 @@ class Store:
         if raw is None or Inode.unpack(ino, raw).nlink > 0:
             return []
         freed, _ = self._drop_blocks(txn, ino, 0)
+        if txn.get(key, db=self.db["hotino"]) is not None:
+            txn.delete(key, db=self.db["hotino"])
+            self._hot_gone.append(ino)
         txn.delete(key, db=self.db["link"])
         self._bump(txn, b"xattr_bytes", -self._drop_xattrs(txn, ino))
         # Not marked for snapshots: it left the tree when its last name went.
@@ -1244,7 +1364,7 @@ class Store:
         with self.txn() as txn:
             for ino in inos:
                 inode = self._get_inode(txn, ino)
-                digest = self.file_hash(inode.size, self._block_map(txn, ino))
+                digest = self.file_hash(inode.size, self._block_map(txn, ino), ino)
                 out[ino] = (inode, self._path_in(txn, ino) or "", digest)
         return out
 

@@ -1,0 +1,169 @@
+"""Hot blocks: chunk-file blocks modified in place live in the inode's hot file.
+
+Unit tests on a real store (no FUSE) for the write, read, hash, truncate,
+settle and crash paths; then SQLite on a real mount, with a snapshot taken
+while the database is open and hot, and checked through the snapshot view.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from vfsd.content import HOT_REF, LOC_FILE
+from vfsd.filehash import bytes_hash
+from vfsd.fsck import fsck
+from vfsd.openfiles import OpenFiles
+from vfsd.store import ROOT_INO, Store
+
+CS = 4096
+INLINE = 512
+
+
+def open_store(path: Path) -> tuple[Store, OpenFiles]:
+    store = Store(path, chunk_size=CS)
+    files = OpenFiles(store, chunk_size=CS, inline_max=INLINE)
+    files.on_hot_release = lambda ino: None  # as the daemon: settled later, not at release
+    return store, files
+
+
+@pytest.fixture
+def vol(tmp_path: Path):
+    store, files = open_store(tmp_path / "store")
+    yield store, files
+    store.close()
+
+
+def new_file(store: Store, data: bytes, files: OpenFiles) -> int:
+    ino = store.create(ROOT_INO, b"db", stat.S_IFREG | 0o644, 0, 0).ino
+    of = files.acquire(ino)
+    files.write(of, 0, data)
+    files.release(of)
+    return ino
+
+
+def test_in_place_write_goes_hot_and_settles(vol) -> None:
+    store, files = vol
+    data = bytearray(os.urandom(3 * CS + 100))
+    ino = new_file(store, bytes(data), files)
+    chunks_before = set(store.chunks.iter_all())
+    of = files.acquire(ino)
+    files.write(of, CS + 10, b"PAGE" * 10)
+    data[CS + 10:CS + 50] = b"PAGE" * 10
+    # Block 1 is hot: no chunk rewritten, the store says so, its bytes are in the hot file.
+    assert store.block_map(ino)[1] == HOT_REF and of.hot == {1}
+    assert set(store.chunks.iter_all()) <= chunks_before
+    assert store.hot.exists(store.vol, ino)
+    assert store.hot_inodes() == [ino]
+    for _ in range(50):  # many more page writes: still one hot block, no new chunk
+        files.write(of, CS + 200, os.urandom(8))
+    files.write(of, CS + 200, bytes(data[CS + 200:CS + 208]))
+    assert files.read(of, 0, len(data)) == bytes(data)
+    assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
+    assert store.file_hash(len(data), store.block_map(ino), ino) == bytes_hash(bytes(data), CS)
+    rep = fsck(store)
+    assert rep.clean, rep.problems
+    files.settle_now(of)
+    assert of.hot == set() and store.block_map(ino)[1][16] == LOC_FILE
+    assert store.hot_inodes() == []
+    # Writing there again costs no copy: the hot file still holds the settled bytes.
+    assert of.hot_valid[1] == store.block_map(ino)[1]
+    files.write(of, CS, b"x")
+    data[CS:CS + 1] = b"x"
+    files.release(of)
+    assert store.block_map(ino)[1] == HOT_REF  # left for the daemon's settler
+    of = files.acquire(ino)
+    assert files.read(of, 0, len(data)) == bytes(data)
+    files.settle_now(of)
+    files.release(of)
+    assert not store.hot.exists(store.vol, ino)  # closed and settled: copy dropped
+    assert fsck(store, verify=True).clean
+
+
+def test_truncate_cuts_the_hot_tail_and_grows_with_zeros(vol) -> None:
+    store, files = vol
+    data = os.urandom(2 * CS)
+    ino = new_file(store, data, files)
+    of = files.acquire(ino)
+    files.write(of, CS + 5, b"hot")
+    assert of.hot == {1}
+    files.truncate(of, CS + 100)
+    files.truncate(of, 2 * CS)
+    want = data[:CS] + data[CS:CS + 5] + b"hot" + data[CS + 8:CS + 100] + bytes(CS - 100)
+    assert files.read(of, 0, 2 * CS) == want
+    files.truncate(of, CS // 2)  # the hot block is gone entirely
+    assert of.hot == set()
+    files.release(of)
+    assert store.block_map(ino).keys() == {0}
+    of = files.acquire(ino)
+    files.truncate(of, 3 * CS)
+    assert files.read(of, 0, 3 * CS) == data[:CS // 2] + bytes(3 * CS - CS // 2)
+    files.release(of)
+    assert fsck(store).clean
+
+
+def test_hot_blocks_survive_a_crash(tmp_path: Path) -> None:
+    store, files = open_store(tmp_path / "store")
+    data = bytearray(os.urandom(4 * CS))
+    ino = new_file(store, bytes(data), files)
+    of = files.acquire(ino)
+    files.write(of, 2 * CS + 7, b"after crash")
+    data[2 * CS + 7:2 * CS + 18] = b"after crash"
+    # The daemon dies here: no release, no flush, no settle.
+    store.env.close()
+    store, files = open_store(tmp_path / "store")
+    try:
+        assert store.hot_inodes() == [ino]
+        of = files.acquire(ino)
+        assert files.read(of, 0, len(data)) == bytes(data)
+        files.settle_now(of)
+        files.release(of)
+        rep = fsck(store, verify=True)
+        assert rep.clean, rep.problems
+    finally:
+        store.close()
+
+
+@pytest.mark.fuse
+def test_sqlite_on_the_mount_with_a_snapshot_taken_while_it_is_open(run) -> None:
+    """SQLite writes pages in place (hot blocks); a snapshot taken with the
+    database open and hot holds a consistent database, and so does the live one."""
+    from conftest import vfsd_cli
+
+    db = sqlite3.connect(run.root / "app.db")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+    for _ in range(40):
+        with db:
+            db.executemany("INSERT INTO t (v) VALUES (?)",
+                           [(os.urandom(200).hex(),) for _ in range(500)])
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with db:
+        db.execute("UPDATE t SET v = 'changed' WHERE k % 7 = 0")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # pages written in place: hot blocks
+    assert run.status()["hot_files"] >= 1
+    snap = vfsd_cli("snapshot", run.run_dir).stdout.strip()
+    assert run.status()["hot_files"] == 0  # the snapshot settled them
+    with db:
+        db.execute("DELETE FROM t WHERE k % 3 = 0")
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    count = db.execute("SELECT count(*) FROM t").fetchone()[0]
+    db.close()
+    snap_db = sqlite3.connect(f"file:{run.root}/.vfsd/snapshots/{snap}/app.db?mode=ro&immutable=1",
+                              uri=True)
+    assert snap_db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert snap_db.execute("SELECT count(*) FROM t").fetchone()[0] == 20000
+    assert snap_db.execute("SELECT count(*) FROM t WHERE v = 'changed'").fetchone()[0] == 2857
+    snap_db.close()
+    run.remount()
+    db = sqlite3.connect(run.root / "app.db")
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert db.execute("SELECT count(*) FROM t").fetchone()[0] == count
+    db.close()
+    run.umount()
+    proc = vfsd_cli("fsck", run.run_dir, "--json", check=False)
+    assert proc.returncode == 0, proc.stdout

@@ -1,0 +1,33 @@
+"""Key names of the bucket layout (vfsd/remote.py): the only place they are built."""
+
+from __future__ import annotations
+
+import pytest
+
+from vfsd.chunks import chunk_hash
+from vfsd.remote import check_run_id, chunk_key, digest_of_chunk_key, lease_key, run_prefix
+
+
+def test_chunk_keys_round_trip_and_match_the_local_names():
+    digest = chunk_hash(b"some chunk")
+    key = chunk_key(digest)
+    assert key == f"chunks/{digest.hex()[:2]}/{digest.hex()}"
+    assert digest_of_chunk_key(key) == digest
+    with pytest.raises(ValueError):
+        chunk_key(digest[:8])
+
+
+@pytest.mark.parametrize("key", [
+    "chunks/ab/abc", "chunks/00/" + "ab" * 16, "chunk/ab/" + "ab" * 16,
+    "chunks/ab/" + "AB" * 16, "chunks/ab/" + "ab" * 16 + "/x", "runs/x/lease",
+])
+def test_other_keys_are_not_chunks(key):
+    assert digest_of_chunk_key(key) is None
+
+
+def test_run_keys():
+    assert run_prefix("run-1.a_b") == "runs/run-1.a_b"
+    assert lease_key("r1") == "runs/r1/lease"
+    for bad in ("", ".", "..", "a..b", "a/b", "-a", "_a", "a b", "x" * 129, "é"):
+        with pytest.raises(ValueError):
+            check_run_id(bad)

@@ -1,0 +1,346 @@
+"""The execute sandbox on a real mount with real bubblewrap (mount_tool/sandbox.py).
+
+One path space: `/` inside a command is the run's mount root, so the file
+tools and the shell name every file the same way. Isolation: attempts to
+write or read outside the run's files, to see the host's processes, to follow
+symlinks out, to fork without bound, to leave processes behind and to reach
+the network all fail. Limits bite and say so. Without bubblewrap, execute
+refuses with an error that says what to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from test_deepagents import RecordingModel, open_files_under, tool_call, tool_result, turn
+
+pytest.importorskip("deepagents")
+
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+
+import mount_tool  # noqa: E402
+from mount_tool.deepagents import VfsdBackend, create_vfsd_deep_agent  # noqa: E402
+from mount_tool.sandbox import SANDBOX_DIRS, ExecLimits, Sandbox, SandboxUnavailable  # noqa: E402
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def mnt(run):
+    m = mount_tool.Mount.attach(run.run_dir)
+    yield m
+    m.detach()
+
+
+@pytest.fixture
+def token():
+    """A unique name for the paths a test command writes.
+
+    Should a regression run commands on the host, they would write these host
+    paths: the names collide with nothing, and whatever appeared under them is
+    removed afterwards.
+    """
+    name = f"vfsd-sandbox-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    for parent in ("/", "/usr", "/usr/bin", "/etc", "/tmp"):
+        path = Path(parent, name)
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+
+
+def sleep_marker() -> str:
+    """A unique `sleep` argument of under an hour, to find the process by."""
+    return f"{uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06d}"
+
+
+def host_processes_with(marker: str, kill: bool = True) -> list[str]:
+    """Command lines of host processes whose arguments contain `marker` (then killed)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{pid}: {cmdline}")
+            if kill:  # a regression must not leave them running on a shared machine
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+    return found
+
+
+# -- one path space ---------------------------------------------------------------
+
+
+def test_agent_writes_then_runs_by_absolute_path(mnt):
+    """The turn that failed before: write_file /app/main.py, then `python3 /app/main.py`."""
+    main = "import sys\nprint('hello from', sys.argv[0])\nopen('/app/out.txt', 'w').write('ran')\n"
+    recording = RecordingModel([
+        turn(tool_call("write_file", "w1", file_path="/app/main.py", content=main)),
+        turn(tool_call("execute", "x1", command="python3 /app/main.py && cat /app/out.txt")),
+        turn(tool_call("read_file", "r1", file_path="/app/out.txt")),
+        AIMessage(content="done"),
+    ])
+    agent = create_vfsd_deep_agent(mnt, recording.model, checkpointer=InMemorySaver())
+    state = agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "t"}})
+    ran = tool_result(state, "x1").content
+    assert "hello from /app/main.py" in ran and "ran" in ran, ran
+    assert "succeeded" in ran
+    assert "ran" in tool_result(state, "r1").content
+    assert (mnt.root / "app" / "out.txt").read_text() == "ran"
+    assert set(state["files"]) == {"/app/main.py", "/app/out.txt"}
+    # The model was told the convention.
+    system = recording.calls[0][0]
+    assert isinstance(system, SystemMessage)
+    assert "share one filesystem" in system.text and "/app/main.py" in system.text
+
+
+def test_file_tools_and_shell_see_the_same_files(mnt, token):
+    b = VfsdBackend(mnt)
+    top = f"/{token}"
+    work, links = f"{top}/work", f"{top}/links"
+    blob = bytes(range(256)) * 64
+    assert b.write(f"{work}/notes/plan.md", "# plan\n- one\n").error is None
+    assert b.upload_files([(f"{work}/data/blob.bin", blob)])[0].error is None
+    made = b.execute(
+        f"mkdir -p {work}/out/deep {links} && printf 'from the shell\\n' > "
+        f"'{work}/out/deep/é ü.txt' && ln -s ../work/notes/plan.md {links}/plan.md"
+    )
+    assert made.exit_code == 0, made.output
+    # Listings agree.
+    found = b.execute(f"cd {work} && find . \\( -type f -o -type l \\)").output.split("\n")
+    globbed = ["." + m["path"].removeprefix(work) for m in b.glob("**/*", work).matches]
+    assert sorted(f for f in found if f) == sorted(globbed), (found, globbed)
+    assert len(globbed) == 3
+    # Contents agree, both ways.
+    sums = b.execute(f"sha256sum {work}/data/blob.bin '{work}/out/deep/é ü.txt'").output
+    down = b.download_files([f"{work}/data/blob.bin", f"{work}/out/deep/é ü.txt"])
+    assert [line.split()[0] for line in sums.split("\n")[:2]] == [
+        hashlib.sha256(d.content).hexdigest() for d in down
+    ]
+    assert down[0].content == blob
+    assert b.read(f"{links}/plan.md").file_data["content"] == "# plan\n- one"
+    assert b.execute(f"cat {links}/plan.md").output == "# plan\n- one\n"
+    # An edit through the file tools is what the shell reads next.
+    assert b.edit(f"{work}/notes/plan.md", "one", "two").error is None
+    assert b.execute(f"grep -c two {work}/notes/plan.md").output.strip() == "1"
+    # The mount points of the sandbox are not the run's files, for either.
+    assert [e["path"] for e in b.ls("/").entries] == [top]
+    assert b.execute("ls -A /").output.split() == [token]
+
+
+def test_sandbox_dirs_are_refused_by_the_file_tools_with_a_reason(mnt, token):
+    b = VfsdBackend(mnt)
+    written = b.write("/tmp/scratch.txt", "x")
+    assert "private to each execute call" in written.error
+    assert "read-only system directory" in b.write("/usr/local/bin/tool", "x").error
+    assert "/etc is" in b.read("/etc/passwd").error
+    assert b.upload_files([("/proc/x", b"x")])[0].error == "invalid_path"
+    assert b.ls("/dev").error
+    # /tmp is private to each call: what one call leaves there, the next does not see.
+    assert b.execute(f"echo left > /tmp/{token} && cat /tmp/{token}").output == "left\n"
+    assert b.execute("ls -A /tmp").output == ""
+    assert os.listdir(mnt.root) == []
+
+
+def test_the_mount_points_match_the_daemons():
+    """mount_tool keeps its own copy of the list (it never imports vfsd)."""
+    from vfsd import ctldir
+
+    assert sorted(SANDBOX_DIRS) == sorted(n.decode() for n in ctldir.SANDBOX_DIRS)
+
+
+# -- escape attempts ----------------------------------------------------------------
+
+
+def test_cannot_write_or_read_outside_the_runs_files(mnt, tmp_path, token):
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "secret.txt").write_text("CANARY-SECRET")
+    b = VfsdBackend(mnt)
+    res = b.execute(
+        f"echo pwned > {canary}/written; cat {canary}/secret.txt; "
+        f"echo pwned > /usr/{token}; echo pwned > /etc/{token}; echo pwned > /bin/{token}; "
+        f"cat /etc/shadow; ls {mnt.root}; echo pwned > /.vfsd/x; echo done"
+    )
+    assert "done" in res.output
+    assert "CANARY-SECRET" not in res.output
+    assert not (canary / "written").exists()
+    assert not any(Path(p, token).exists() for p in ("/usr", "/etc", "/usr/bin"))
+    assert "Read-only file system" in res.output
+    assert "/etc/shadow: Permission denied" in res.output
+    # The write to the host path went into the sandbox's private /tmp, not the host's.
+    assert not (canary / "written").exists()
+
+
+def test_cannot_see_or_signal_host_processes(mnt):
+    b = VfsdBackend(mnt)
+    res = b.execute("ls /proc | grep -c '^[0-9]'; cat /proc/*/cmdline | tr '\\0' ' '; echo")
+    count = int(res.output.split("\n")[0])
+    assert count < 10, res.output  # the sandbox's own few processes
+    assert "pytest" not in res.output
+    assert str(os.getpid()) not in b.execute(f"ls /proc/{os.getpid()} 2>&1; echo").output.split()
+    killed = b.execute(f"kill -0 {os.getpid()} && echo reachable")
+    assert "reachable" not in killed.output
+
+
+def test_symlinks_to_host_paths_lead_nowhere(mnt, tmp_path, token):
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("HOST-SECRET")
+    os.symlink(secret, mnt.root / "leak")
+    os.symlink("/etc/shadow", mnt.root / "shadow")
+    os.symlink("../../../../../../../../" + str(secret).lstrip("/"), mnt.root / "climb")
+    b = VfsdBackend(mnt)
+    res = b.execute("cat /leak /shadow /climb; echo done")
+    assert "HOST-SECRET" not in res.output and "done" in res.output
+    for name in ("/leak", "/climb"):
+        assert b.read(name).error and "HOST-SECRET" not in (b.read(name).error or "")
+    assert b.download_files(["/leak"])[0].content is None
+    # A link the command makes to a host path is just as empty.
+    made = b.execute(f"ln -s {secret} /{token} && cat /{token}; echo done")
+    assert "HOST-SECRET" not in made.output
+
+
+def test_fork_bomb_is_bounded_by_the_process_limit(mnt):
+    b = VfsdBackend(mnt, limits=ExecLimits(processes=32, timeout=60))
+    if "cgroup" not in b.sandbox_info()["limits"]["processes"]["enforced_by"]:
+        pytest.skip("no pids cgroup here: a fork bomb as root would not be bounded")
+    marker = uuid.uuid4().hex
+    bomb = f"bomb{marker}"
+    res = b.execute(f"{bomb}() {{ {bomb} | {bomb} & }}; {bomb}; sleep 3; echo survived", timeout=30)
+    assert "survived" in res.output, res.output[-2000:]
+    assert "process limit (32) refused" in res.output
+    assert host_processes_with(bomb) == []
+
+
+def test_detached_processes_are_gone_when_the_call_returns(mnt):
+    b = VfsdBackend(mnt)
+    marker = sleep_marker()
+    res = b.execute(
+        f"setsid sleep 1{marker} & nohup sleep 2{marker} >/dev/null 2>&1 & disown; "
+        f"(sleep 3{marker} &); echo started"
+    )
+    assert res.output == "started\n" and res.exit_code == 0
+    assert host_processes_with(marker) == []
+    assert open_files_under(mnt.root) == []
+
+
+def test_no_network_unless_asked(mnt):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        threading.Thread(target=lambda: server.accept()[0].close(), daemon=True).start()
+        probe = (
+            "python3 -c \"import socket; socket.create_connection(('127.0.0.1', "
+            f"{port}), timeout=5); print('connected')\""
+        )
+        off = VfsdBackend(mnt).execute(probe + " ; ip -o link 2>/dev/null | wc -l")
+        assert "connected" not in off.output and "Connection refused" in off.output
+        assert VfsdBackend(mnt).sandbox_info()["network"] is False
+        on = VfsdBackend(mnt, network=True).execute(probe)
+        assert "connected" in on.output, on.output
+
+
+def test_environment_is_an_allowlist(mnt, monkeypatch):
+    monkeypatch.setenv("VFSD_TEST_API_KEY", "sk-secret")
+    monkeypatch.setenv("TZ", "UTC")
+    b = VfsdBackend(mnt, env={"EXTRA": "given"})
+    env = dict(line.split("=", 1) for line in b.execute("env").output.split("\n") if "=" in line)
+    assert "VFSD_TEST_API_KEY" not in env
+    assert env["TZ"] == "UTC" and env["EXTRA"] == "given" and env["HOME"] == "/tmp"
+    allowed = VfsdBackend(mnt, env_allowlist=["VFSD_TEST_API_KEY"]).execute("echo $VFSD_TEST_API_KEY")
+    assert allowed.output == "sk-secret\n"
+
+
+# -- limits --------------------------------------------------------------------------
+
+
+def test_memory_limit(mnt):
+    b = VfsdBackend(mnt, limits=ExecLimits(memory_bytes=128 << 20))
+    res = b.execute("python3 -c \"x = bytearray(600 << 20); print('allocated')\"")
+    assert "allocated" not in res.output
+    assert res.exit_code != 0
+    enforced = b.sandbox_info()["limits"]["memory_bytes"]["enforced_by"]
+    if "cgroup" in enforced:
+        assert "over the memory limit (128 MiB)" in res.output, res.output
+    else:
+        assert "MemoryError" in res.output
+
+
+def test_cpu_time_limit_counts_all_processes(mnt):
+    b = VfsdBackend(mnt, limits=ExecLimits(cpu_seconds=2, timeout=60))
+    if "cgroup" not in b.sandbox_info()["limits"]["cpu_seconds"]["enforced_by"]:
+        pytest.skip("no CPU accounting cgroup here: only RLIMIT_CPU per process")
+    res = b.execute("for i in 1 2 3 4; do (while :; do :; done) & done; wait")
+    assert "seconds of CPU time (all its processes together)" in res.output, res.output
+    assert res.exit_code == 137
+
+
+def test_private_tmp_is_bounded(mnt):
+    b = VfsdBackend(mnt, limits=ExecLimits(tmp_bytes=8 << 20))
+    res = b.execute("head -c 20000000 /dev/zero > /tmp/big; ls -l /tmp/big | cut -d' ' -f5")
+    assert "No space left on device" in res.output
+
+
+def test_sandbox_info_reports_what_is_in_force(mnt):
+    info = VfsdBackend(mnt).sandbox_info()
+    assert info["isolation"] == "bwrap" and info["reason"] is None
+    assert {"mount", "pid", "net"} <= set(info["namespaces"])
+    assert info["filesystem"]["/tmp"].startswith("private tmpfs")
+    assert "/etc/shadow" in info["filesystem"]["masked"]
+    assert info["cleanup"].startswith("PID namespace")
+    for name in ("wall_seconds", "cpu_seconds", "memory_bytes", "processes", "output_bytes"):
+        assert info["limits"][name]["enforced_by"]
+
+
+# -- without the sandbox -------------------------------------------------------------
+
+
+def test_missing_bubblewrap_gives_a_clear_error(mnt):
+    b = VfsdBackend(mnt, bwrap="/nonexistent/bwrap")
+    res = b.execute("echo hi")
+    assert res.exit_code == 126
+    assert "bubblewrap" in res.output and "apt-get install bubblewrap" in res.output
+    assert 'isolation="none"' in res.output
+    assert "hi" not in res.output.split()
+    assert b.isolation == "unavailable"
+    assert b.sandbox_info()["isolation"] == "unavailable"
+    # The file tools keep working.
+    assert b.write("/still.txt", "fine").error is None
+
+
+def test_a_root_without_mount_points_is_refused(tmp_path):
+    """A daemon older than the mount points: bwrap would create them as real directories."""
+    with pytest.raises(SandboxUnavailable, match="mount point"):
+        Sandbox(tmp_path).run("true")
+    assert os.listdir(tmp_path) == []
+
+
+def test_unisolated_mode_is_opt_in_by_name(mnt):
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        VfsdBackend(mnt, isolation="off")
+    b = VfsdBackend(mnt, isolation="none")
+    assert b.isolation == "none"
+    res = b.execute("pwd; echo $VFSD_ROOT; echo err >&2")
+    assert res.output.split("\n")[:3] == [str(mnt.root), str(mnt.root), "[stderr] err"]
+    assert "relative to the working directory" in b.prompt_note()
+    # Without a PID namespace, the per-call cgroup still ends detached processes.
+    if "cgroup" in b.sandbox_info()["cleanup"]:
+        marker = sleep_marker()
+        assert b.execute(f"setsid sleep 1{marker} & echo ok").output == "ok\n"
+        assert host_processes_with(marker) == []
