@@ -506,3 +506,26 @@ def test_restore_shows_sizes_the_kernel_had_cached(mnt):
         assert path.read_text() == old
         shell = subprocess.run(["cat", name], cwd=mnt.root, capture_output=True)
         assert shell.stdout == old.encode()
+
+
+def test_middleware_warns_when_the_checkpointer_is_not_wrapped(run_factory, caplog):
+    pytest.importorskip("deepagents")
+    from deepagents import create_deep_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from test_deepagents import scripted_model
+
+    from mount_tool.deepagents import VfsdBackend, VfsdMiddleware
+
+    run = run_factory("bare")
+    m = mount_tool.Mount.attach(run.run_dir)
+    saver = InMemorySaver()
+    agent = create_deep_agent(
+        scripted_model([AIMessage(content="done")]),
+        backend=VfsdBackend(m),
+        middleware=[VfsdMiddleware(m)],
+        checkpointer=saver,
+    )
+    with caplog.at_level(logging.WARNING, logger="mount_tool.checkpointer"):
+        agent.invoke({"messages": [HumanMessage("go")]}, thread())
+    assert any("VfsdCheckpointer(saver, mount)" in r.getMessage() for r in caplog.records)
+    m.detach()
