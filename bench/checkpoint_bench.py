@@ -10,14 +10,20 @@ three ways in one process:
 - deepagents: `create_deep_agent` with its default `StateBackend` on the current
               releases (DeltaChannel for `messages` and `files`);
 - vfsd:       `create_vfsd_deep_agent` on a vfsd mount (refs in state, large
-              tool-call arguments kept in the mount).
+              tool-call arguments kept in the mount), its checkpointer wrapped
+              in `VfsdCheckpointer` (each checkpoint records a snapshot of the
+              mount, taken at the step boundary);
+- vfsd-bare:  the same agent without the wrapper (`create_deep_agent` with
+              VfsdBackend and VfsdMiddleware): what the wrapper costs.
 
 each with InMemorySaver and with PostgresSaver on a private PostgreSQL server.
 The vfsd variant also runs with the files scaled to 80 MiB. Reported at steps
 5/15/30/50: serialized state size (LangGraph's serializer over `get_state()`),
 checkpoint bytes written so far (everything the saver serialized: checkpoints,
 channel blobs and pending writes), and p50/p95 of `put` and `put_writes` calls in
-the window that ends at the step. Invocations use `durability="sync"` so each put
+the window that ends at the step (for vfsd, the wrapper's `put`, as LangGraph
+calls it), and for vfsd the snapshots the wrapper takes at step boundaries
+(`get_next_version`). Invocations use `durability="sync"` so each put
 is timed on its own rather than overlapping the next step.
 
     .venv/bin/python bench/checkpoint_bench.py [--savers memory,postgres] [--variants ...]
@@ -60,23 +66,33 @@ from test_deepagents import (  # noqa: E402
 )
 
 import mount_tool  # noqa: E402
+from mount_tool.checkpointer import VfsdCheckpointer  # noqa: E402
 from mount_tool.checkpoints import CountingSerializer  # noqa: E402
-from mount_tool.deepagents import create_vfsd_deep_agent  # noqa: E402
+from mount_tool.deepagents import VfsdBackend, VfsdMiddleware, create_vfsd_deep_agent  # noqa: E402
 
 MARKS = (5, 15, 30, 50)
-VARIANTS = ("classic", "deepagents", "vfsd")
+VARIANTS = ("classic", "deepagents", "vfsd", "vfsd-bare")
 
 
 
 
 def timed_saver(cls: type) -> type:
-    """A subclass of the saver `cls` that records how long put/put_writes take."""
+    """A subclass of the saver `cls` that records how long put/put_writes (and
+    get_next_version, where VfsdCheckpointer snapshots) take."""
 
     class Timed(cls):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.put_times: list[float] = []
             self.write_times: list[float] = []
+            self.version_times: list[float] = []
+
+        def get_next_version(self, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return super().get_next_version(*args, **kwargs)
+            finally:
+                self.version_times.append(time.perf_counter() - start)
 
         def put(self, *args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
@@ -119,6 +135,13 @@ def deepagents_agent(model: Any, saver: Any) -> Any:
 
 def vfsd_agent(model: Any, saver: Any, mount: Any) -> Any:
     return create_vfsd_deep_agent(mount, model, checkpointer=saver)
+
+
+def vfsd_bare_agent(model: Any, saver: Any, mount: Any) -> Any:
+    """The vfsd agent with the saver as is: checkpoints without snapshots."""
+    return create_deep_agent(
+        model, backend=VfsdBackend(mount), middleware=[VfsdMiddleware(mount)], checkpointer=saver
+    )
 
 
 # -- one run -----------------------------------------------------------------------------
@@ -170,12 +193,17 @@ def run_one(variant: str, saver_name: str, make_saver: Callable, scale: int) -> 
     with ExitStack() as stack:
         saver = stack.enter_context(make_saver(serde))
         model = scripted_model([m for chunk in chunks for m in chunk])
-        if variant == "vfsd":
+        timed = saver  # whose put LangGraph calls
+        if variant.startswith("vfsd"):
             run_dir = Path(tempfile.mkdtemp(prefix="vfsd-bench-"))
             stack.callback(shutil.rmtree, run_dir, ignore_errors=True)
             # No age eviction: every ref stays in state, the worst case for its size.
             mnt = stack.enter_context(mount_tool.mount(run_dir, max_age_steps=1000))
-            agent = vfsd_agent(model, saver, mnt)
+            if variant == "vfsd":
+                timed = timed_saver(VfsdCheckpointer)(saver, mnt)
+                agent = vfsd_agent(model, timed, mnt)
+            else:
+                agent = vfsd_bare_agent(model, saver, mnt)
         elif variant == "classic":
             agent = classic_agent(model, saver)
         else:
@@ -193,9 +221,9 @@ def run_one(variant: str, saver_name: str, make_saver: Callable, scale: int) -> 
             text = "go" if mark == MARKS[0] else "continue"
             agent.invoke({"messages": [HumanMessage(text)]}, config, durability="sync")
             values = agent.get_state(config).values
-            puts = saver.put_times[puts_seen:]
-            writes = saver.write_times[writes_seen:]
-            puts_seen, writes_seen = len(saver.put_times), len(saver.write_times)
+            puts = timed.put_times[puts_seen:]
+            writes = timed.write_times[writes_seen:]
+            puts_seen, writes_seen = len(timed.put_times), len(timed.write_times)
             rows.append(
                 Row(
                     variant=variant,
@@ -212,8 +240,14 @@ def run_one(variant: str, saver_name: str, make_saver: Callable, scale: int) -> 
                     writes_p95=quantile(writes, 0.95) * 1000,
                 )
             )
-        rows[-1].extra["run_put_p50"] = quantile(saver.put_times, 0.50) * 1000
-        rows[-1].extra["run_put_p95"] = quantile(saver.put_times, 0.95) * 1000
+        rows[-1].extra["run_put_p50"] = quantile(timed.put_times, 0.50) * 1000
+        rows[-1].extra["run_put_p95"] = quantile(timed.put_times, 0.95) * 1000
+        rows[-1].extra["puts"] = len(timed.put_times)
+        if timed is not saver:
+            rows[-1].extra["snap_p50"] = quantile(timed.version_times, 0.50) * 1000
+            rows[-1].extra["snap_p95"] = quantile(timed.version_times, 0.95) * 1000
+            rows[-1].extra["snaps"] = len(mnt.snapshots())
+            rows[-1].extra["version_calls"] = len(timed.version_times)
         return rows
 
 
@@ -322,6 +356,21 @@ def print_targets(rows: list[Row]) -> None:
             f"{r.extra['run_put_p50']:.2f}/{r.extra['run_put_p95']:.2f} ms (target p95 < 5)"
         )
     print()
+    print("checkpoint put with VfsdCheckpointer against without (vfsd-bare), step 50:")
+    for (variant, saver, payload), r in sorted(final.items()):
+        bare = final.get(("vfsd-bare", saver, payload))
+        if variant != "vfsd" or bare is None:
+            continue
+        print(
+            f"- {saver}, {fmt_bytes(payload)}: put p50/p95 in the window ending at step 50 "
+            f"{r.put_p50:.2f}/{r.put_p95:.2f} ms against {bare.put_p50:.2f}/{bare.put_p95:.2f}; "
+            f"over the run {r.extra['run_put_p50']:.2f}/{r.extra['run_put_p95']:.2f} against "
+            f"{bare.extra['run_put_p50']:.2f}/{bare.extra['run_put_p95']:.2f} ms "
+            f"({r.extra['puts']} puts); snapshots at step boundaries (get_next_version) "
+            f"p50/p95 {r.extra['snap_p50']:.2f}/{r.extra['snap_p95']:.2f} ms over "
+            f"{r.extra['version_calls']} calls, {r.extra['snaps']} snapshots retained"
+        )
+    print()
     print("vfsd, 80 MiB against 8 MiB (target: within 10%):")
     for saver in sorted({s for (_, s, _) in final}):
         pair = sorted(
@@ -377,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                 if variant == "vfsd":
                     # 0: the same 50 steps with empty files, LangGraph's own cost.
                     scales = (0, 1) if args.no_scale else (0, 1, 10)
+                elif variant == "vfsd-bare":
+                    scales = (1,)
                 for scale in scales:
                     start = time.perf_counter()
                     rows += run_one(variant, saver_name, factory, scale)

@@ -18,7 +18,9 @@ from .errors import (
     MountError,
     MountToolError,
     RefError,
+    SnapshotUnavailable,
     StaleRef,
+    ThreadBindingError,
 )
 from .mount import Mount, is_mounted, mount
 from .refs import FileRef, as_ref, content_hash, is_ref
@@ -33,7 +35,9 @@ __all__ = [
     "MountError",
     "MountToolError",
     "RefError",
+    "SnapshotUnavailable",
     "StaleRef",
+    "ThreadBindingError",
     "as_ref",
     "content_hash",
     "is_mounted",

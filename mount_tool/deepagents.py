@@ -71,8 +71,10 @@ from langchain.agents.middleware import AgentMiddleware, AgentState
 from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
+from .checkpointer import VfsdCheckpointer, warn_if_unwrapped
 from .errors import ControlError, MountToolError
 from .filetools import MountFiles
 from .langgraph import files_reducer
@@ -557,6 +559,7 @@ class VfsdMiddleware(AgentMiddleware):
         return updates
 
     def _turn_update(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        warn_if_unwrapped(self.mount)
         files = state.get("files") or {}
         step = self.mount.get_step()
         updates = self.sync_files(files, step)
@@ -851,12 +854,17 @@ def create_vfsd_deep_agent(
     every declarative `SubAgent` spec in `subagents` that does not list a
     `VfsdMiddleware` itself. Compiled and async subagents are built elsewhere
     and are passed on unchanged. The system prompts get the backend's path
-    convention (`VfsdBackend.prompt_note`). Other keyword arguments go to
-    `create_deep_agent` unchanged.
+    convention (`VfsdBackend.prompt_note`). A `checkpointer` is wrapped in a
+    `VfsdCheckpointer` on `mount` (unless it is one already), so a replayed,
+    forked or resumed thread finds its files as they were. Other keyword
+    arguments go to `create_deep_agent` unchanged.
     """
     from deepagents import create_deep_agent
     from deepagents.middleware.subagents import GENERAL_PURPOSE_SUBAGENT
 
+    saver = kwargs.get("checkpointer")
+    if isinstance(saver, BaseCheckpointSaver) and not isinstance(saver, VfsdCheckpointer):
+        kwargs["checkpointer"] = VfsdCheckpointer(saver, mount)
     backend = VfsdBackend(mount, **dict(backend_options or {}))
     note = backend.prompt_note()
 

@@ -33,21 +33,26 @@ class ControlError(MountToolError):
 
 
 class RefError(MountToolError):
-    """A FileRef no longer leads to the content it was taken for."""
+    """A FileRef no longer leads to the content it was taken for.
 
-    def __init__(self, message: str, ref: dict[str, Any]) -> None:
-        super().__init__(message)
+    `note` adds to the message what else was tried (e.g. that no retained
+    snapshot holds that version either).
+    """
+
+    def __init__(self, message: str, ref: dict[str, Any], note: str = "") -> None:
+        super().__init__(f"{message}; {note}" if note else message)
         self.ref = ref
 
 
 class Evicted(RefError, FileNotFoundError):
     """The referenced file was evicted; `record` is the daemon's eviction record."""
 
-    def __init__(self, ref: dict[str, Any], record: dict[str, Any]) -> None:
+    def __init__(self, ref: dict[str, Any], record: dict[str, Any], note: str = "") -> None:
         where = record.get("path", ref.get("path"))
         super().__init__(
             f"{where} was evicted at step {record.get('evicted_step')} ({record.get('reason')})",
             ref,
+            note,
         )
         self.record = record
 
@@ -58,11 +63,14 @@ class StaleRef(RefError):
     `current` is the file's current FileRef when known (None otherwise).
     """
 
-    def __init__(self, ref: dict[str, Any], current: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, ref: dict[str, Any], current: dict[str, Any] | None = None, note: str = ""
+    ) -> None:
         super().__init__(
             f"{ref.get('path')} changed since the reference was taken "
             f"(ref hash {ref.get('hash')}, now {current.get('hash') if current else 'unknown'})",
             ref,
+            note,
         )
         self.current = current
 
@@ -70,5 +78,38 @@ class StaleRef(RefError):
 class Missing(RefError, FileNotFoundError):
     """The referenced file was removed (unlinked, not evicted)."""
 
-    def __init__(self, ref: dict[str, Any]) -> None:
-        super().__init__(f"{ref.get('path')} (ino {ref.get('ino')}) no longer exists", ref)
+    def __init__(self, ref: dict[str, Any], note: str = "") -> None:
+        super().__init__(f"{ref.get('path')} (ino {ref.get('ino')}) no longer exists", ref, note)
+
+
+class SnapshotUnavailable(MountToolError):
+    """A checkpoint's files cannot be brought back: its snapshot is gone.
+
+    Raised by `VfsdCheckpointer` when a graph run starts from a checkpoint
+    whose snapshot retention (or a user) deleted, or whose files live in
+    another run dir. `checkpoint_id`, `snapshot` and `reason` (the daemon's
+    message) say which and why; `lost` lists the refs of the checkpoint's
+    `files` state that no live file and no retained snapshot holds, and
+    `available` those that could still be read (by `Mount.read`).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        checkpoint_id: str,
+        snapshot: str,
+        reason: str,
+        lost: list[dict[str, Any]] | None = None,
+        available: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.snapshot = snapshot
+        self.reason = reason
+        self.lost = lost or []
+        self.available = available or []
+
+
+class ThreadBindingError(MountToolError):
+    """A graph thread other than the one the run dir serves tried to use it."""

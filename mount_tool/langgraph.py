@@ -5,8 +5,10 @@
 
     graph.add_node("vfsd_step", make_step_node(m))   # advance step, evict, prune refs
     graph.add_node("vfsd_sync", make_sync_node(m))   # refs for files the shell wrote
+    app = graph.compile(checkpointer=VfsdCheckpointer(InMemorySaver(), m))
 
-Graph state holds only ~150-byte references, so a checkpoint's size depends on
+`VfsdCheckpointer` (mount_tool.checkpointer) makes each checkpoint hold its
+files: a replay, a fork or a resumed thread finds the mount as it was. Graph state holds only ~150-byte references, so a checkpoint's size depends on
 the number of files, not on their size.
 """
 
@@ -20,9 +22,22 @@ from typing import Annotated, Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
 
-from .errors import ControlError
+from .checkpointer import VfsdCheckpointer
+from .errors import ControlError, SnapshotUnavailable, ThreadBindingError
 from .mount import Mount
 from .refs import FileRef, as_ref
+
+__all__ = [
+    "FilesChannel",
+    "SnapshotUnavailable",
+    "ThreadBindingError",
+    "VfsdCheckpointer",
+    "files_reducer",
+    "langgraph_step",
+    "make_step_node",
+    "make_sync_node",
+    "write_artifact",
+]
 
 # How many recent eviction records the step node checks besides its own report,
 # to catch evictions that happened between steps (quota, an explicit `evict`).

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .beneath import makedirs_beneath, open_beneath, relative_parts
@@ -34,6 +34,9 @@ _OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
 FUSE_ROOT_INO = 1
 # What _read_same_inode returns when the inode is there but cannot match the ref.
 _CHANGED = object()
+# Retained snapshots, read-only, inside the mount.
+SNAPSHOTS_DIR = ".vfsd/snapshots"
+NOT_IN_SNAPSHOTS = "no retained snapshot holds that version"
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -324,8 +327,14 @@ class Mount:
     def read(self, ref: Mapping[str, Any]) -> bytes:
         """The content `ref` points at, checked against its hash.
 
-        Raises Evicted (with `.record`) when the file was evicted, StaleRef when
-        its content changed since the ref was taken, Missing when it was removed.
+        The live file is read when it still holds that version. When it does
+        not (changed, evicted, removed), a retained snapshot that holds that
+        exact version (same inode, generation and hash) is read instead,
+        through `.vfsd/snapshots/<id>/<path>`. Only when no retained snapshot
+        has it: Evicted (with `.record`) when the file was evicted, StaleRef
+        when its content changed since the ref was taken, Missing when it was
+        removed; the message says no snapshot has it.
+
         The daemon is asked first: the kernel may still cache the name of a file
         the daemon has just evicted, so reading by path alone could return
         evicted content. What is read is then hashed (xxh3-128) and compared.
@@ -333,17 +342,45 @@ class Mount:
         ref = as_ref(ref)
         res = self.resolve(ref)
         state, current = res.get("state"), res.get("ref")
+        if state == "live" and res.get("matches", True) and current:
+            data = self._read_same_inode(current["path"], ref)
+            if isinstance(data, bytes) and self.hash_of(data) == ref["hash"]:
+                return data
+            # Changed, moved or removed between the daemon's answer and the read.
+            res = self.resolve(ref)
+            state, current = res.get("state"), res.get("ref")
+            if state == "live":
+                state = "changed"
+        kept = self._read_from_snapshot(ref)
+        if kept is not None:
+            return kept
         if state == "evicted":
-            raise Evicted(ref, res.get("evicted") or {})
+            raise Evicted(ref, res.get("evicted") or {}, NOT_IN_SNAPSHOTS)
         if state == "missing":
-            raise Missing(ref)
-        if state != "live" or not res.get("matches", True) or not current:
-            raise StaleRef(ref, as_ref(current) if current else None)
-        data = self._read_same_inode(current["path"], ref)
-        if isinstance(data, bytes) and self.hash_of(data) == ref["hash"]:
-            return data
-        # Changed, moved or removed between the daemon's answer and the read.
-        raise StaleRef(ref, self._current_ref(ref))
+            raise Missing(ref, NOT_IN_SNAPSHOTS)
+        raise StaleRef(ref, as_ref(current) if current else None, NOT_IN_SNAPSHOTS)
+
+    def _read_from_snapshot(self, ref: FileRef) -> bytes | None:
+        """The ref's version from a retained snapshot that holds it, or None."""
+        for _attempt in (1, 2):  # the snapshot found may be deleted before the read
+            found = self.locate(ref)
+            if not found.get("found"):
+                return None
+            try:
+                rel = str(PurePosixPath(SNAPSHOTS_DIR, str(found["id"]), str(found["path"])))
+                with self.root_fd() as root:
+                    # The daemon's path has no symlinks: never follow one.
+                    fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY,
+                                      follow_symlinks=False)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return None
+                data = f.read()
+            if self.hash_of(data) == ref["hash"]:
+                return data
+        return None
 
     def resolve(self, ref: Mapping[str, Any]) -> dict[str, Any]:
         """Where `ref` stands now, by asking the daemon (no content read):
@@ -377,13 +414,6 @@ class Mount:
             if st.st_size != ref["size"]:
                 return _CHANGED
             return f.read()
-
-    def _current_ref(self, ref: FileRef) -> FileRef | None:
-        try:
-            current = self.resolve(ref).get("ref")
-        except ControlError:
-            return None
-        return as_ref(current) if current else None
 
     # -- steps, status, eviction ---------------------------------------------
 
@@ -438,6 +468,92 @@ class Mount:
     def stats(self) -> dict[str, Any]:
         """The daemon's status document (as `vfsd status --json`)."""
         return self.client.call("stats")
+
+    # -- snapshots ------------------------------------------------------------
+
+    def snapshot(self, pin: bool = False, label: str = "", *, reuse: bool = False) -> dict[str, Any]:
+        """Snapshot the whole tree now; returns its record ({"id": "s12", "seq",
+        "step", "pinned", "label", "entries", ...}).
+
+        Whatever programs wrote is in the snapshot (the daemon writes the
+        kernel's dirty pages back first). `pin` keeps it whatever the retention
+        policy says. `reuse=True` returns the snapshot the live tree comes from
+        (with `"reused": True`) instead of taking a new one when nothing
+        changed since it.
+        """
+        if not isinstance(label, str):
+            raise TypeError("label must be a string")
+        return self.client.call("snapshot", pin=bool(pin), label=label, reuse=bool(reuse))
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """The retained snapshots, oldest first."""
+        return list(self.client.call("snapshots").get("snapshots", []))
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """Where the live tree stands: {"base": the snapshot it comes from (the
+        last taken or restored; None before the first), "changed": whether it
+        changed since, "last": the newest snapshot, "run": this run's id,
+        "forked_from": {"run", "snapshot"} for a forked run dir, else None}."""
+        doc = self.client.call("snapshots")
+        doc.pop("snapshots", None)
+        doc.setdefault("forked_from", None)
+        return doc
+
+    def restore(self, snapshot_id: str) -> dict[str, Any]:
+        """Make the live tree exactly snapshot `snapshot_id` (files made since
+        disappear, changed files revert, evicted ones return) and set the step
+        back to the snapshot's: {"id", "step", "changed", ...}.
+
+        Raises ControlError("not_found") with the daemon's reason when the
+        snapshot was deleted (retention or by request).
+        """
+        return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str) -> dict[str, Any]:
+        """Delete a snapshot; content that only it kept is freed."""
+        return self.client.call("snapshot_delete", snapshot=_snapshot_arg(snapshot_id))
+
+    def pin_snapshot(self, snapshot_id: str, pin: bool = True) -> dict[str, Any]:
+        """Pin a snapshot (retention keeps it) or, with pin=False, unpin it."""
+        return self.client.call("snapshot_pin", snapshot=_snapshot_arg(snapshot_id), pin=bool(pin))
+
+    def diff(self, a: str, b: str | None = None) -> list[dict[str, Any]]:
+        """What changed from snapshot `a` to snapshot `b` (None: the live tree):
+        [{"path", "change": added|removed|modified|renamed|attributes, "ino",
+        "type", "size", "old_path"?}], sorted by path."""
+        res = self.client.call("diff", a=_snapshot_arg(a), b="live" if b is None else _snapshot_arg(b))
+        return list(res.get("changes", []))
+
+    def locate(self, ref: Mapping[str, Any]) -> dict[str, Any]:
+        """A retained snapshot holding exactly the ref's version (inode,
+        generation and hash): {"found": True, "id", "path"} (newest first), or
+        {"found": False}."""
+        return self.client.call("locate", ref=dict(as_ref(ref)))
+
+    def fork(
+        self, snapshot_id: str, new_run_dir: str | os.PathLike[str], **options: Any
+    ) -> Mount:
+        """Start `new_run_dir` from snapshot `snapshot_id` and mount it.
+
+        The new run dir shares this run's store (no content is copied) and
+        diverges independently from then on. `options` are mount options for
+        the new daemon, as for `mount_tool.mount`. The returned Mount started
+        its daemon: closing it unmounts the fork.
+        """
+        target = Path(os.path.abspath(new_run_dir))
+        self.client.call("fork", snapshot=_snapshot_arg(snapshot_id), run_dir=str(target))
+        try:
+            return Mount.start(target, **options)
+        except MountError as exc:
+            raise MountError(
+                f"{target} was forked from {snapshot_id} but could not be mounted: {exc}"
+            ) from exc
+
+
+def _snapshot_arg(snapshot_id: str) -> str:
+    if not isinstance(snapshot_id, str):
+        raise TypeError(f"a snapshot id is a string like 's12', not {type(snapshot_id).__name__}")
+    return snapshot_id
 
     # -- remote tier ----------------------------------------------------------
 

@@ -458,7 +458,8 @@ class ControlServer:
 
     async def op_snapshot(self, req: dict) -> dict:
         return await self.daemon.snapservice.snapshot(
-            pinned=_arg(req, "pin", bool, False), label=_arg(req, "label", str, ""))
+            pinned=_arg(req, "pin", bool, False), label=_arg(req, "label", str, ""),
+            reuse=_arg(req, "reuse", bool, False))
 
     def op_snapshots(self, req: dict) -> dict:
         return self.daemon.snapservice.list()

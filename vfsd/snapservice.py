@@ -13,6 +13,7 @@ Operations are serialized by one lock; each store change is one transaction.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import time
 from pathlib import Path
@@ -75,10 +76,16 @@ class SnapshotService:
     #: objects per step of such a build
     FIRST_BATCH = 500
 
-    async def snapshot(self, *, pinned: bool = False, label: str = "") -> dict:
+    async def snapshot(self, *, pinned: bool = False, label: str = "",
+                       reuse: bool = False) -> dict:
+        """Take a snapshot; with `reuse`, answer the base snapshot instead when
+        the live tree has not changed since it (exact, and no new record)."""
         async with self.lock:
             await self._quiesce()
             self._settle_rest()
+            rec = self._unchanged_base(pinned) if reuse else None
+            if rec is not None:
+                return rec
             if not self.store.tracking and \
                     self.store.counters()["inodes_allocated"] > self.FIRST_IN_ONE_GO:
                 rec = await self._first_in_steps(pinned, label)
@@ -116,6 +123,23 @@ class SnapshotService:
         rec["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         rec["in_steps"] = True
         return rec
+
+    def _unchanged_base(self, pinned: bool) -> dict | None:
+        """The base snapshot's record (marked `reused`) if the live tree still
+        equals it and it is retained; None otherwise. Call after `_quiesce`."""
+        if not self.store.base_clean:
+            return None
+        base = self.snaps.state()["base"]
+        if base is None:
+            return None
+        try:
+            rec = self.snaps.get(base)
+            if pinned and not rec["pinned"]:
+                rec = self.snaps.set_pinned(base, True)
+        except SnapshotError:
+            return None  # deleted by retention since: take a new one
+        return {**rec, "id": base, "reused": True, "deleted": [], "entries": 0,
+                "duration_ms": 0.0, "live_step": self.store.get_step()}
 
     def _retention(self) -> list[str]:
         deleted = self.snaps.apply_retention()
@@ -261,7 +285,7 @@ class SnapshotService:
         with store.txn(write=True) as txn:
             txn.put(dest._vp + b"incomplete", (1).to_bytes(8, "big"), db=store.db["meta"])
             txn.put(dest._vp + b"forked_from",
-                    f'{{"run": "{self.store.run_id}", "snapshot": "{rec["id"]}"}}'.encode(),
+                    json.dumps({"run": self.store.run_id, "snapshot": rec["id"]}).encode(),
                     db=store.db["meta"])
         return dest
 
@@ -269,7 +293,18 @@ class SnapshotService:
 
     def list(self) -> dict:
         return {"snapshots": self.snaps.list(), **self.snaps.state(),
-                "run": self.store.run_id}
+                "run": self.store.run_id, "forked_from": self._forked_from()}
+
+    def _forked_from(self) -> dict | None:
+        """{"run", "snapshot"} this volume was forked from, or None."""
+        with self.store.txn() as txn:
+            raw = txn.get(self.store._vp + b"forked_from", db=self.store.db["meta"])
+        if raw is None:
+            return None
+        try:
+            return json.loads(bytes(raw))
+        except ValueError:
+            return None
 
     def diff(self, a: str, b: str | None) -> dict:
         return {"a": a, "b": b or "live", "changes": self.snaps.diff(a, b)}
