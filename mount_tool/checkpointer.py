@@ -35,6 +35,25 @@ Forks and human edits (`update_state`, a put that no graph run makes): the new
 checkpoint records its parent's snapshot when the mount shows exactly that, or
 is elsewhere (a fork from the past); when the mount follows the parent but
 changed since (edits through the shell), it takes a new snapshot.
+
+Remote tier (a mount with `--remote`): checkpoints travel, so a thread may
+resume on any worker. The metadata also records the bucket
+(`metadata["vfsd"]["remote"]`). Durability is a choice, `publish=`:
+- "wait" (the default with a remote): `put` stores a checkpoint only once its
+  snapshot is published (`Mount.sync`), so every stored checkpoint can be
+  resumed elsewhere; a step costs the publication (a manifest and the head,
+  once its chunks are up, which the daemon uploads while the step runs).
+- "behind": checkpoints are stored at once and published in the background;
+  at most `max_lag` stored checkpoints may name a snapshot not published yet
+  (a `put` beyond that waits for the oldest). A worker lost with its disk
+  loses at most those.
+In both, a publication that does not come within `sync_timeout` raises
+`SnapshotNotPublished` and the checkpoint is not stored. `flush()` waits for
+everything stored so far.
+A run starting from a checkpoint whose snapshot is not in this mount, on a
+run dir that holds nothing yet (a fresh worker), resumes it from the bucket:
+the run dir is remounted with `--from RUN@SNAPSHOT` and its files are
+fetched on first read.
 """
 
 from __future__ import annotations
@@ -44,7 +63,7 @@ import json
 import logging
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -60,7 +79,14 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from .errors import ControlError, MountToolError, SnapshotUnavailable, ThreadBindingError
+from .errors import (
+    ControlError,
+    MountError,
+    MountToolError,
+    SnapshotNotPublished,
+    SnapshotUnavailable,
+    ThreadBindingError,
+)
 from .mount import Mount
 from .refs import as_ref, is_ref
 
@@ -72,6 +98,7 @@ except ImportError:  # pragma: no cover - other langgraph versions
 
 logger = logging.getLogger(__name__)
 
+PUBLISH_MODES = ("auto", "wait", "behind", "off")
 RECORD_NAME = "langgraph.json"
 POSITION_NAME = "langgraph.position"
 ON_MISSING = ("raise", "keep")
@@ -270,6 +297,9 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         *,
         on_missing: str = "raise",
         files_key: str = "files",
+        publish: str = "auto",
+        max_lag: int = 4,
+        sync_timeout: float = 60.0,
     ) -> None:
         if isinstance(saver, VfsdCheckpointer):
             raise ValueError("saver is already a VfsdCheckpointer")
@@ -281,6 +311,19 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         self.mount = mount
         self.on_missing = on_missing
         self.files_key = files_key
+        if publish not in PUBLISH_MODES:
+            raise ValueError(f"publish must be one of {PUBLISH_MODES}, not {publish!r}")
+        if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
+            raise ValueError(f"max_lag must be an integer >= 0, not {max_lag!r}")
+        if not isinstance(sync_timeout, int | float) or sync_timeout <= 0:
+            raise ValueError(f"sync_timeout must be a positive number, not {sync_timeout!r}")
+        self.publish = publish
+        self.max_lag = max_lag
+        self.sync_timeout = float(sync_timeout)
+        self._mode: str | None = None  # `publish` resolved against the mount
+        self._remote_url: str | None = None
+        # Snapshots named by stored checkpoints and not known to be published.
+        self._unpublished: deque[str] = deque()
         self._record = RunDirRecord(mount.state_dir)
         self._record.load()
         self._lock = threading.RLock()
@@ -443,11 +486,15 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             self._set_position(checkpoint_id, version)
             return
         if where == "foreign":
+            why = self._resume_elsewhere(tup, version, state)
+            if why is None:
+                self._set_position(checkpoint_id, version)
+                return
             self._unavailable(
                 tup,
                 version,
                 f"its files are in run {version.run}, and this mount holds run {state.get('run')} "
-                "(fork that run dir from the checkpoint's snapshot to run it here)",
+                f"({why}; or fork that run dir from the checkpoint's snapshot to run it here)",
             )
             return
         try:
@@ -615,7 +662,10 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         if plan is not None and plan.needs_parent:
             plan.parent = self._version_of(config)
         version = self._files_version(plan, checkpoint) if plan else None
-        stored = self.saver.put(config, checkpoint, _with_version(metadata, version), new_versions)
+        if version is not None:
+            self._before_store(version)
+        stored = self.saver.put(config, checkpoint, self._metadata(metadata, version),
+                                new_versions)
         if plan is not None and version is not None:
             self._after_put(plan, checkpoint["id"], version)
         return stored
@@ -633,8 +683,10 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         version = (
             await asyncio.to_thread(self._files_version, plan, checkpoint) if plan else None
         )
+        if version is not None:
+            await asyncio.to_thread(self._before_store, version)
         stored = await self.saver.aput(
-            config, checkpoint, _with_version(metadata, version), new_versions
+            config, checkpoint, self._metadata(metadata, version), new_versions
         )
         if plan is not None and version is not None:
             await asyncio.to_thread(self._after_put, plan, checkpoint["id"], version)
@@ -680,6 +732,118 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             return self._take(checkpoint["id"])
         plan.moves_position = where == "exact"
         return parent  # exact, or the mount is elsewhere: the parent's files, as they were
+
+    # -- the remote tier: publication before (or shortly after) storing ------------------
+
+    def _publish_mode(self) -> str:
+        """`publish` resolved once against the mount: "wait", "behind" or "off"."""
+        if self._mode is None:
+            remote = self.mount.remote()
+            self._remote_url = remote.get("url") if remote else None
+            mode = self.publish
+            if mode == "auto":
+                mode = "wait" if remote else "off"
+            elif mode in ("wait", "behind") and not remote:
+                raise MountToolError(f"publish={mode!r} needs a mount with a remote tier "
+                                     "(vfsd mount --remote s3://BUCKET/PREFIX)")
+            self._mode = mode
+        return self._mode
+
+    def _metadata(self, metadata: CheckpointMetadata, version: FilesVersion | None) -> Any:
+        meta = _with_version(metadata, version)
+        if version is not None and self._publish_mode() != "off" and self._remote_url:
+            meta["vfsd"] = {**meta["vfsd"], "remote": self._remote_url}
+        return meta
+
+    def _before_store(self, version: FilesVersion) -> None:
+        """Apply the durability rule before a checkpoint naming `version` is stored."""
+        mode = self._publish_mode()
+        if mode == "wait":
+            self._sync(version.snapshot)
+        elif mode == "behind":
+            with self._lock:
+                if version.snapshot not in self._unpublished:
+                    self._unpublished.append(version.snapshot)
+                over = len(self._unpublished) > self.max_lag
+            if over:
+                self._bound_lag()
+
+    def _bound_lag(self) -> None:
+        """Wait for the oldest unpublished snapshots until at most `max_lag` remain."""
+        status = self.mount.publish_status()
+        known = {s["id"]: s["published"] for s in status.get("snapshots", [])}
+        with self._lock:
+            for snap in list(self._unpublished):
+                if known.get(snap):
+                    self._unpublished.remove(snap)
+        while True:
+            with self._lock:
+                if len(self._unpublished) <= self.max_lag:
+                    return
+                oldest = self._unpublished[0]
+            self._sync(oldest, tolerate_gone=True)
+            with self._lock:
+                if self._unpublished and self._unpublished[0] == oldest:
+                    self._unpublished.popleft()
+
+    def _sync(self, snapshot: str, *, tolerate_gone: bool = False) -> None:
+        try:
+            self.mount.sync(snapshot, timeout=self.sync_timeout)
+        except ControlError as exc:
+            if tolerate_gone and exc.code == "not_publishable" and "deleted" in exc.message:
+                logger.warning("vfsd: %s; the checkpoints naming it cannot be resumed on "
+                               "another worker", exc.message)
+                return
+            if exc.code not in ("timeout", "not_publishable"):
+                raise
+            raise SnapshotNotPublished(
+                f"snapshot {snapshot} is not published, so the checkpoint was not stored: "
+                f"{exc.message}", snapshot=snapshot, reason=exc.message) from None
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every snapshot a stored checkpoint names is published
+        (`publish="behind"`); SnapshotNotPublished if one does not come in time."""
+        if self._publish_mode() == "off":
+            return
+        if timeout is not None:
+            self.sync_timeout = float(timeout)
+        while True:
+            with self._lock:
+                if not self._unpublished:
+                    return
+                oldest = self._unpublished[0]
+            self._sync(oldest, tolerate_gone=True)
+            with self._lock:
+                if self._unpublished and self._unpublished[0] == oldest:
+                    self._unpublished.popleft()
+
+    async def aflush(self, timeout: float | None = None) -> None:
+        await asyncio.to_thread(self.flush, timeout)
+
+    def _resume_elsewhere(self, tup: CheckpointTuple, version: FilesVersion,
+                          state: Mapping[str, Any]) -> str | None:
+        """Bring a checkpoint's files from the bucket into a run dir that holds
+        nothing yet. None when done; else why it could not be."""
+        remote = ((tup.metadata or {}).get("vfsd") or {}).get("remote")
+        if not remote:
+            try:
+                remote = (self.mount.remote() or {}).get("url")
+            except ControlError:
+                remote = None
+        if not remote or not version.run:
+            return "it was not published to an object store"
+        if state.get("last") or state.get("base"):
+            return (f"it is published in {remote}, and this run dir already holds other "
+                    f"files: resume it in an empty run dir (vfsd mount RUN_DIR --remote "
+                    f"{remote} --from {version.run}@{version.snapshot})")
+        try:
+            self.mount.resume_from(version.run, version.snapshot, remote=remote)
+        except (MountError, ControlError) as exc:
+            return f"resuming it from {remote} failed: {exc}"
+        self._mode = None  # the mount has a remote now
+        logger.info("vfsd: resumed %s@%s from %s for checkpoint %s", version.run,
+                    version.snapshot, remote, tup.checkpoint["id"])
+        return None
 
     def _after_put(self, plan: _PutPlan, checkpoint_id: str, version: FilesVersion) -> None:
         with self._lock:

@@ -111,5 +111,22 @@ class SnapshotUnavailable(MountToolError):
         self.available = available or []
 
 
+class SnapshotNotPublished(MountToolError):
+    """A checkpoint's snapshot did not reach the object store in time.
+
+    Raised by `VfsdCheckpointer` (remote tier) when its durability rule needs
+    a snapshot published before a checkpoint may be stored (`publish="wait"`:
+    this checkpoint's; `publish="behind"`: the oldest beyond `max_lag`) and
+    `sync_timeout` ran out. The checkpoint was not stored; publishing goes on
+    in the daemon's background. `snapshot` and `reason` (the daemon's
+    message: chunks left, last error, lease state) say which and why.
+    """
+
+    def __init__(self, message: str, *, snapshot: str, reason: str) -> None:
+        super().__init__(message)
+        self.snapshot = snapshot
+        self.reason = reason
+
+
 class ThreadBindingError(MountToolError):
     """A graph thread other than the one the run dir serves tried to use it."""

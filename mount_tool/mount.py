@@ -549,12 +549,6 @@ class Mount:
                 f"{target} was forked from {snapshot_id} but could not be mounted: {exc}"
             ) from exc
 
-
-def _snapshot_arg(snapshot_id: str) -> str:
-    if not isinstance(snapshot_id, str):
-        raise TypeError(f"a snapshot id is a string like 's12', not {type(snapshot_id).__name__}")
-    return snapshot_id
-
     # -- remote tier ----------------------------------------------------------
 
     def sync(self, snapshot_id: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
@@ -572,11 +566,58 @@ def _snapshot_arg(snapshot_id: str) -> str:
         with ControlClient(self.client.socket_path, timeout=float(timeout) + 30) as c:
             return c.call("sync", **args)
 
+    def remote(self) -> dict[str, Any] | None:
+        """The remote tier's status (`stats()["remote"]`: url, run, state, backlog...),
+        or None for a mount without one."""
+        return self.stats().get("remote")
+
+    def resume_from(self, run: str, snapshot_id: str, *, remote: str | None = None) -> None:
+        """Make this mount show a snapshot another worker published: remount the
+        run dir with `--from RUN@SNAPSHOT` (files are then fetched on first read).
+
+        Only for a run dir that holds nothing yet (no snapshot taken, no file):
+        anything else raises MountError, changing nothing. `remote` is the
+        bucket (`s3://BUCKET/PREFIX`), by default this mount's. The daemon is
+        restarted with the options it runs with now; this Mount then owns it
+        (closing it unmounts). A run another worker still holds mounts
+        read-only: MountError says so.
+        """
+        doc = self.stats()
+        state = self.client.call("snapshots")
+        if doc.get("files") or state.get("last") or state.get("base"):
+            raise MountError(f"{self.run_dir} already holds files or snapshots; resume "
+                             f"{run}@{snapshot_id} in an empty run dir")
+        config = dict(doc.get("config") or {})
+        url = remote or (doc.get("remote") or {}).get("url") or config.get("remote_url")
+        if not url:
+            raise MountError(f"{self.run_dir} has no remote tier and no remote was given")
+        config.update(remote_url=url)
+        flags = mount_flags({k: v for k, v in config.items() if v is not None})
+        self.unmount()
+        proc = _run_vfsd("mount", str(self.run_dir), *flags, "--from", f"{run}@{snapshot_id}")
+        if proc.returncode != 0:
+            raise MountError(f"vfsd mount {self.run_dir} --from {run}@{snapshot_id} exited "
+                             f"{proc.returncode}: {(proc.stderr or proc.stdout).strip()}")
+        self._closed = False
+        self.started = True
+        if not self._wait_for_ping():
+            raise MountError(f"vfsd mounted {self.root} but its control socket does not answer")
+        remote_state = self.remote() or {}
+        if remote_state.get("read_only"):
+            raise MountError(f"{self.run_dir} resumed {run}@{snapshot_id} read-only: "
+                             f"{remote_state.get('reason')}")
+
     def publish_status(self) -> dict[str, Any]:
         """Which retained snapshots are published: {"run", "remote", "state",
         "latest", "published", "snapshots": [{"id", "step", "published", "full"}],
         "backlog", "last_error"}. ControlError "no_remote" without a remote."""
         return self.client.call("publish_status")
+
+
+def _snapshot_arg(snapshot_id: str) -> str:
+    if not isinstance(snapshot_id, str):
+        raise TypeError(f"a snapshot id is a string like 's12', not {type(snapshot_id).__name__}")
+    return snapshot_id
 
 
 def mount(run_dir: str | os.PathLike[str], **options: Any) -> Mount:

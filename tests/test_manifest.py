@@ -11,10 +11,10 @@ import xxhash
 
 from vfsd.content import LOC_FILE, LOC_LMDB, make_ref
 from vfsd.inode import Inode
+from vfsd.keys import dentry_key, inode_key
 from vfsd.manifest import Manifest, ManifestError, decode, encode
 from vfsd.remote import BadResumeSpec, parse_resume_spec
 from vfsd.snapshots import InodeEntry, pack_inode_entry
-from vfsd.keys import dentry_key, inode_key
 
 RUN = "0123456789abcdef0123456789abcdef"
 

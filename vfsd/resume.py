@@ -237,6 +237,9 @@ def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
         if remotestate.remote_url(st) is None:
             remotestate.set_remote_url(txn, st, remote_url)
         remotestate.set_volume_meta(txn, st, b"remote_owner", owner_token.encode())
+        # An empty volume resumed in place may have fenced a run of its own.
+        txn.delete(st._vp + b"remote_gen_next", db=meta)
+        txn.delete(st._vp + b"remote_generation", db=meta)
         if generation:
             remotestate.set_generation(txn, st, generation)
         remotestate.set_volume_meta(txn, st, b"remote_origin", json.dumps(
