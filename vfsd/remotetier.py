@@ -142,6 +142,8 @@ class RemoteTier:
         """Bind to the opened store; take the lease unless `resume` did (blocking)."""
         self.store, self.snaps = store, snaps
         self.run_id = store.run_id
+        if snaps.state()["changed"] and store.dirty_since is None:
+            store.dirty_since = time.time()  # changed before this process: since when is lost
         current = remotestate.remote_url(store)
         if current is None:
             with store.txn(write=True) as txn:

@@ -103,8 +103,7 @@ _DB_NAMES = (
     "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty", "hotino",
     "upload", "published",
 )
-#: tables a read-only handle may find missing (a store older than them): None then
-_OPTIONAL_DBS = ("upload", "published")
+_OPTIONAL_DBS = ("upload", "published")  # None in a read-only handle on an older store
 
 _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
             lmdb.VersionMismatchError, lmdb.InvalidError, lmdb.BadValsizeError)
@@ -151,7 +150,7 @@ class _Txn:
         st = self.store
         if exc_type is not None:
             self.txn.abort()
-            if self.write:  # read transactions may run in worker threads: hands off
+            if self.write:
                 st._abandoned()
             if isinstance(exc, lmdb.Error):
                 raise translate(exc) from exc
@@ -173,8 +172,7 @@ class _Txn:
             st.base_clean = st._base_touched = False
         content = getattr(st, "content", None)
         if content is not None and (content.created or content.removed):
-            made, gone = content.created, content.removed
-            content.created, content.removed = [], []
+            made, gone, content.created, content.removed = content.created, content.removed, [], []
             if st.on_chunk_files is not None:
                 st.on_chunk_files(made, gone)
         return False
@@ -215,11 +213,8 @@ class Store(NamespaceMixin, XattrMixin):
         # restored from (`snapshots`: meta `base_changed`).
         self.base_clean = False
         self._base_touched = False
-        #: wall-clock time of the first change since the last snapshot (this process)
-        self.dirty_since: float | None = None
-        #: called after a commit that made or deleted chunk files: (made [(digest,
-        #: size)], deleted [digest]); set by the remote tier
-        self.on_chunk_files = None
+        self.dirty_since: float | None = None  # first change since the last snapshot
+        self.on_chunk_files = None  # remote tier: (made [(digest, size)], deleted [digest])
         self.env = self._open_env(readonly, create, map_size, sync)
         try:
             with self.txn() as txn:
@@ -247,8 +242,6 @@ class Store(NamespaceMixin, XattrMixin):
         self.chunk_size = self._chunk_size(chunk_size)
         self.tracking = self.meta_u64(b"snap_seq") > 0
         self.base_clean = self.tracking and not self.meta_u64(b"base_changed")
-        if self.tracking and self._has_dirty():
-            self.dirty_since = time.time()  # changed before this process: since when is lost
         if not readonly:
             self._make_reserve()
 
@@ -321,24 +314,17 @@ class Store(NamespaceMixin, XattrMixin):
         """An LMDB transaction whose failures are store errors (a context manager).
 
         Snapshot change marks made in a write transaction count only once it
-        has committed. Read transactions may run in worker threads (they
-        touch none of this bookkeeping); write transactions run on one thread.
+        has committed; read ones (maybe in worker threads) touch no bookkeeping.
         """
         return _Txn(self, write)
 
     def _abandoned(self) -> None:
-        """A transaction that did not commit: forget what it would have done."""
+        """A write transaction that did not commit: forget what it would have done."""
         self._pending_marks.clear()
         self._base_touched = False
-        content = self.content if hasattr(self, "content") else None
-        if content is not None:
-            content.created.clear()
-            content.removed.clear()
-
-    def _has_dirty(self) -> bool:
-        with self.txn() as txn:
-            cur = txn.cursor(db=self.db["sdirty"])
-            return cur.set_range(self._vb) and bytes(cur.key()[:4]) == self._vb
+        if hasattr(self, "content"):
+            self.content.created.clear()
+            self.content.removed.clear()
 
     def _open_volume(self, name: str | None, create: bool) -> tuple[int, int]:
         db = self.db
