@@ -21,7 +21,7 @@ import trio
 
 from . import __version__, ctldir, notify
 from .config import Config
-from .errors import StoreLocked, StoreVersionError
+from .errors import StartupError, StoreLocked, StoreVersionError
 from .eviction import Evictor
 from .evictlog_view import EvictionLogView
 from .fs import VfsdOperations
@@ -36,10 +36,6 @@ from .snapview import SnapshotView
 from .store import Store
 
 log = structlog.get_logger("vfsd.daemon")
-
-
-class StartupError(Exception):
-    """The daemon cannot start; the message is for the user."""
 
 
 class Daemon:
