@@ -346,9 +346,15 @@ def gc(run_dir: Path, do_compact: bool) -> None:
     else:
         from .errors import StoreLocked, StoreVersionError
         from .fsck import lock_all
+        from .lmdbcheck import check_readable
         from .store import Store
 
         store_dir, volume = run.store_location()
+        # Never write to (or copy) a store whose pages do not all read.
+        damage = (check_readable(store_dir)
+                  if (store_dir / "lmdb" / "data.mdb").exists() else None)
+        if damage is not None:
+            _fail(f"{damage}; run `vfsd fsck {store_dir}` for a report")
         try:
             st = Store(store_dir, volume, create=False)
         except StoreVersionError as exc:
@@ -503,13 +509,20 @@ def fsck(target: Path, repair: bool, verify: bool, as_json: bool) -> None:
     """Check a store (RUN_DIR or a --store directory) with no daemon on it."""
     from .errors import StoreLocked, StoreVersionError
     from .fsck import fsck as run_fsck
-    from .fsck import lock_all
+    from .fsck import lock_all, readable
     from .store import Store
 
     if (target / "lmdb").is_dir():
         store_dir, volume = target, None
     else:
         store_dir, volume = RunDir(target).store_location()
+    # Damaged pages can crash whoever reads them (SIGBUS): a child process
+    # reads them all first, and damage found there is the whole report.
+    if (store_dir / "lmdb" / "data.mdb").exists():
+        damage = readable(store_dir)
+        if damage is not None:
+            _print_fsck(damage, damage, as_json)
+            sys.exit(1)
     try:
         st = Store(store_dir, volume, create=False)
     except StoreVersionError as exc:
@@ -527,21 +540,27 @@ def fsck(target: Path, repair: bool, verify: bool, as_json: bool) -> None:
         st.close()
         for fd in locks:
             os.close(fd)
+    _print_fsck(report, after, as_json)
+    sys.exit(0 if after.clean else 1)
+
+
+def _print_fsck(report, after, as_json: bool) -> None:
+    """An fsck report (and whether a repair left the store clean), as text or JSON."""
     doc = report.as_dict()
     doc["clean_after_repair"] = after.clean
     if as_json:
         click.echo(json.dumps(doc, indent=2))
-    else:
-        for p in report.problems:
-            click.echo(f"problem: {p}")
-        for r in report.repaired:
-            click.echo(f"repaired: {r}")
-        for f in report.damaged_files:
-            click.echo(f"damaged (content lost, reads fail with EIO): {f}")
-        state = "clean" if report.clean else ("repaired" if after.clean else "NOT clean")
-        click.echo(f"fsck: {state} ({report.stats.get('inodes', 0)} inodes, "
-                   f"{report.stats.get('chunk_files', 0)} chunk files)")
-    sys.exit(0 if after.clean else 1)
+        return
+    for p in report.problems:
+        click.echo(f"problem: {p}")
+    for r in report.repaired:
+        click.echo(f"repaired: {r}")
+    for f in report.damaged_files:
+        click.echo(f"damaged (content lost, reads fail with EIO): {f}")
+    state = "clean" if report.clean else ("repaired" if after.clean else "NOT clean")
+    counts = (f" ({report.stats['inodes']} inodes, {report.stats.get('chunk_files', 0)} "
+              "chunk files)" if "inodes" in report.stats else "")
+    click.echo(f"fsck: {state}{counts}")
 
 
 def main() -> None:

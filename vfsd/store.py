@@ -68,7 +68,7 @@ from pathlib import Path
 
 import lmdb
 
-from . import DEFAULT_INLINE_MAX, compact, errors, filehash
+from . import DEFAULT_INLINE_MAX, LMDB_MAP_SIZE, compact, errors, filehash
 from .chunks import ChunkStore
 from .content import ContentStore, ref_digest
 from .eventlog import EventLog
@@ -147,7 +147,7 @@ class Store:
         volume: str | None = "default",
         *,
         readonly: bool = False,
-        map_size: int = 1 << 38,
+        map_size: int = LMDB_MAP_SIZE,
         sync: bool = False,
         create: bool = True,
         chunk_size: int | None = None,
