@@ -21,7 +21,7 @@ from typing import Any
 
 from .beneath import makedirs_beneath, open_beneath, relative_parts
 from .client import ControlClient
-from .errors import ControlError, Evicted, Missing, MountError, MountToolError, StaleRef
+from .errors import ControlError, Damaged, Evicted, Missing, MountError, MountToolError, StaleRef
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
 
@@ -325,7 +325,8 @@ class Mount:
         """The content `ref` points at, checked against its hash.
 
         Raises Evicted (with `.record`) when the file was evicted, StaleRef when
-        its content changed since the ref was taken, Missing when it was removed.
+        its content changed since the ref was taken, Missing when it was removed,
+        Damaged when the store cannot serve its content (EIO).
         The daemon is asked first: the kernel may still cache the name of a file
         the daemon has just evicted, so reading by path alone could return
         evicted content. What is read is then hashed (xxh3-128) and compared.
@@ -339,7 +340,12 @@ class Mount:
             raise Missing(ref)
         if state != "live" or not res.get("matches", True) or not current:
             raise StaleRef(ref, as_ref(current) if current else None)
-        data = self._read_same_inode(current["path"], ref)
+        try:
+            data = self._read_same_inode(current["path"], ref)
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                raise Damaged(ref) from None
+            raise
         if isinstance(data, bytes) and self.hash_of(data) == ref["hash"]:
             return data
         # Changed, moved or removed between the daemon's answer and the read.

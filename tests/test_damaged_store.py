@@ -10,6 +10,11 @@ or reading it killed the reader (SIGBUS, an assertion's SIGABRT).
 The damage is seeded and lands on pages of known kinds in a compacted copy of
 a real store (every page of a compacted file is live), so each case meets the
 same failure every time; the expected failure is part of each case.
+
+Tampered inline content (item 6): the bytes of a small file, altered in
+LMDB, used to be served as the file's content and accepted by `fsck
+--verify`, `vfsd ref` and `Mount.read`. Small files are now content objects
+(`blob` table, keyed by their xxh3-128) verified on every read like chunks.
 """
 
 from __future__ import annotations
@@ -18,11 +23,16 @@ import json
 import random
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import lmdb
 import pytest
+import xxhash
 from conftest import MountedRun, is_mounted, vfsd_cli
+from ctl import call
+
+import mount_tool
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -145,3 +155,55 @@ def test_damaged_pages_refused_and_reported(pristine: Path, tmp_path: Path, how:
         assert "Traceback" not in proc.stderr
     finally:
         run.cleanup()
+
+
+def tamper_blob(state_dir: Path, content: bytes) -> None:
+    """Change one byte of the inline object holding `content`, keeping its key."""
+    env = lmdb.open(str(state_dir / "lmdb"), max_dbs=64)
+    try:
+        blob = env.open_db(b"blob", create=False)
+        with env.begin(write=True, db=blob) as txn:
+            key = xxhash.xxh3_128_digest(content)
+            value = bytearray(txn.get(key))
+            assert value == content
+            value[7] ^= 0x20
+            txn.put(key, bytes(value))
+    finally:
+        env.close()
+
+
+def test_tampered_inline_content_is_never_served(run):
+    content = b"the plan: " + random.randbytes(16).hex().encode() + b"\n" * 40
+    other = random.randbytes(5000)
+    big = random.randbytes(2 * 2**20 + 3)
+    with mount_tool.Mount.attach(run.run_dir) as m:
+        ref = m.write("notes/plan.md", content)
+        m.write("notes/other.bin", other)
+        m.write("big.bin", big)
+    assert ref["size"] == len(content)
+    run.umount()
+    tamper_blob(run.state_dir, content)
+    run.mount()
+    run.expect_errors = True
+
+    cat = subprocess.run(["cat", run.root / "notes" / "plan.md"], capture_output=True)
+    assert cat.returncode == 1 and b"Input/output error" in cat.stderr, cat
+    assert cat.stdout == b"", "served bytes that fail their hash"
+    assert "store_damaged" in run.log_text()
+    # The daemon is up: other files read, the control socket answers.
+    assert (run.root / "notes" / "other.bin").read_bytes() == other
+    assert (run.root / "big.bin").read_bytes() == big
+    assert call(run.run_dir, "ping")["pong"]
+    # The reference comes from the stored digests, never from the content.
+    recorded = json.loads(vfsd_cli("ref", run.run_dir, "notes/plan.md").stdout)
+    assert recorded["hash"] == ref["hash"]
+    with mount_tool.Mount.attach(run.run_dir) as m:
+        with pytest.raises(mount_tool.Damaged) as exc:
+            m.read(ref)
+        assert "notes/plan.md" in str(exc.value) and "fsck" in str(exc.value)
+        assert m.read(m.ref("notes/other.bin")) == other
+
+    run.umount()
+    proc = vfsd_cli("fsck", run.run_dir, "--verify", "--json", check=False)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["damaged_files"] == ["notes/plan.md"], report
