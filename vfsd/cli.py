@@ -344,37 +344,55 @@ def gc(run_dir: Path, do_compact: bool) -> None:
             _fail(f"{run.path} is mounted: unmount it to compact its store")
         result = _call(run_dir, "gc")
     else:
-        from .errors import StoreLocked, StoreVersionError
-        from .fsck import lock_all
-        from .lmdbcheck import check_readable
-        from .store import Store
+        result = _gc_offline(run, do_compact)
+    click.echo(json.dumps(result))
 
-        store_dir, volume = run.store_location()
-        # Never write to (or copy) a store whose pages do not all read.
-        damage = (check_readable(store_dir)
-                  if (store_dir / "lmdb" / "data.mdb").exists() else None)
-        if damage is not None:
-            _fail(f"{damage}; run `vfsd fsck {store_dir}` for a report")
+
+def _gc_offline(run: RunDir, do_compact: bool) -> dict:
+    """gc (and compaction) of an unmounted run dir's store, in this process."""
+    from . import compact
+    from .errors import StoreLocked, StoreVersionError
+    from .fsck import lock_all
+    from .lmdbcheck import check_readable
+    from .store import Store
+
+    store_dir, volume = run.store_location()
+    if not (store_dir / "lmdb").is_dir() and not (store_dir / "lmdb.old").is_dir():
+        _fail(f"no vfsd store at {store_dir}")
+    locks: list[int] = []
+    try:
         try:
-            st = Store(store_dir, volume, create=False)
-        except StoreVersionError as exc:
+            hold = compact.hold(store_dir)
+        except StoreLocked as exc:
             _fail(str(exc))
         try:
-            locks = lock_all(st) if do_compact else []
-        except StoreLocked as exc:
-            st.close()
-            _fail(f"{exc}; unmount it to compact the store")
-        try:
-            result = st.gc_chunks(min_temp_age_s=0)
-            st.close()
-            if do_compact:
-                from .compact import compact
-
-                result.update(compact(store_dir))
+            # Never write to (or copy) a store whose pages do not all read.
+            damage = (check_readable(store_dir)
+                      if (store_dir / "lmdb" / "data.mdb").exists() else None)
+            if damage is not None:
+                _fail(f"{damage}; run `vfsd fsck {store_dir}` for a report")
+            try:
+                st = Store(store_dir, volume, create=False)
+            except StoreVersionError as exc:
+                _fail(str(exc))
+            try:
+                locks = lock_all(st) if do_compact else []
+                result = st.gc_chunks(min_temp_age_s=0)
+            except StoreLocked as exc:
+                _fail(f"{exc}; unmount it to compact the store")
+            finally:
+                st.close()
         finally:
-            for fd in locks:
-                os.close(fd)
-    click.echo(json.dumps(result))
+            os.close(hold)
+        if do_compact:
+            try:
+                result.update(compact.compact(store_dir))
+            except StoreLocked as exc:
+                _fail(str(exc))
+    finally:
+        for fd in locks:
+            os.close(fd)
+    return result
 
 
 @cli.command()
@@ -507,15 +525,33 @@ def diff(run_dir: Path, a: str, b: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def fsck(target: Path, repair: bool, verify: bool, as_json: bool) -> None:
     """Check a store (RUN_DIR or a --store directory) with no daemon on it."""
+    from . import compact
+    from .errors import StoreLocked
+
+    if any((target / name).is_dir() for name in ("lmdb", "lmdb.old")):
+        store_dir, volume = target, None
+    else:
+        store_dir, volume = RunDir(target).store_location()
+    try:
+        # Finishes a compaction cut short (as every writer does first) and
+        # keeps a new one off until fsck is done.
+        hold = compact.hold(store_dir) if store_dir.is_dir() else None
+    except StoreLocked as exc:
+        _fail(str(exc))
+    try:
+        _fsck(store_dir, volume, repair, verify, as_json)
+    finally:
+        if hold is not None:
+            os.close(hold)
+
+
+def _fsck(store_dir: Path, volume: str | None, repair: bool, verify: bool,
+          as_json: bool) -> None:
     from .errors import StoreLocked, StoreVersionError
     from .fsck import fsck as run_fsck
     from .fsck import lock_all, readable
     from .store import Store
 
-    if (target / "lmdb").is_dir():
-        store_dir, volume = target, None
-    else:
-        store_dir, volume = RunDir(target).store_location()
     # Damaged pages can crash whoever reads them (SIGBUS): a child process
     # reads them all first, and damage found there is the whole report.
     if (store_dir / "lmdb" / "data.mdb").exists():

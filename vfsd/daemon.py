@@ -19,7 +19,7 @@ import pyfuse3
 import structlog
 import trio
 
-from . import __version__, ctldir, notify
+from . import __version__, compact, ctldir, notify
 from .config import Config
 from .errors import StartupError, StoreLocked, StoreVersionError
 from .eviction import Evictor
@@ -50,6 +50,7 @@ class Daemon:
         self.ops: VfsdOperations | None = None
         self.evictor: Evictor | None = None
         self._lock_fd: int | None = None
+        self._hold_fd: int | None = None
         self.metrics = None
         self.started = time.monotonic()
 
@@ -85,6 +86,12 @@ class Daemon:
             raise StartupError(f"mountpoint {mp} is not empty")
         try:
             self._lock_fd = lock_volume(self.store_dir, self.volume)
+        except StoreLocked as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            # Held for the daemon's life; a compaction cut short is finished
+            # (or undone) first, before anything reads the file.
+            self._hold_fd = compact.hold(self.store_dir)
         except StoreLocked as exc:
             raise StartupError(str(exc)) from None
         if (self.store_dir / "lmdb" / "data.mdb").exists():
@@ -206,6 +213,9 @@ class Daemon:
         if self.store is not None:
             self.store.sync()
             self.store.close()
+        if self._hold_fd is not None:
+            os.close(self._hold_fd)
+            self._hold_fd = None
         for path in (self.run.sock, self.run.pidfile):
             try:
                 path.unlink()

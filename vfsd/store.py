@@ -164,13 +164,24 @@ class Store:
         # restored from (`snapshots`: meta `base_changed`).
         self.base_clean = False
         self._base_touched = False
+        # Writers keep compaction away while they have the store open.
+        self._hold = None if readonly else compact.hold(self.dir)
+        self.env = None
+        try:
+            self._open(volume, readonly, create, map_size, sync, chunk_size, inline_max)
+        except BaseException:
+            if self.env is not None:
+                self.env.close()
+            self._release_hold()
+            raise
+
+    def _open(self, volume, readonly, create, map_size, sync, chunk_size, inline_max) -> None:
         self.env = self._open_env(readonly, create, map_size, sync)
         try:
             with self.txn() as txn:
                 self._check_schema(txn)
             self.db = {name: self._open_db(name) for name in _DB_NAMES}
         except errors.StoreError as exc:
-            self.env.close()
             raise errors.StoreVersionError(
                 f"store at {self.dir / 'lmdb'} is damaged or not a vfsd store: {exc}") from None
         self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
@@ -182,7 +193,6 @@ class Store:
         self._vp = b"v" + _U32.pack(self.vol) + b":"
         self._vb = _U32.pack(self.vol)
         if volume is not None and self.meta_u64(b"incomplete"):
-            self.env.close()
             raise errors.StoreVersionError(
                 f"volume {self.volume!r} of store {self.dir} is a fork that did not finish "
                 "copying; run `vfsd fork` again to redo it")
@@ -197,9 +207,6 @@ class Store:
     def _open_env(self, readonly: bool, create: bool, map_size: int, sync: bool):
         lmdb_dir = self.dir / "lmdb"
         data_file = lmdb_dir / "data.mdb"
-        if not readonly and ((self.dir / "lmdb.old").exists()
-                             or (self.dir / "lmdb.compact").exists()):
-            compact.recover(self.dir)
         if data_file.exists():
             if data_file.stat().st_size < 2 * 4096:  # not even LMDB's two meta pages
                 raise errors.StoreVersionError(
@@ -444,6 +451,12 @@ class Store:
     def close(self) -> None:
         self.chunks.close()
         self.env.close()
+        self._release_hold()
+
+    def _release_hold(self) -> None:
+        if self._hold is not None:
+            os.close(self._hold)
+            self._hold = None
 
     def sync(self) -> None:
         """Flush committed transactions to disk."""
