@@ -279,7 +279,11 @@ def status(run_dir: Path, as_json: bool) -> None:
         ("chunks", f"{doc['chunk_count']} ({_human(doc['chunk_bytes'])})"),
         ("stored bytes", _human(doc["stored_bytes"])),
         ("dedup ratio", f"{doc['dedup_ratio']:.2f}x"),
+        ("xattrs", _human(doc["xattr_bytes"])),
     ]
+    if "quota_used_bytes" in doc:
+        limit = f" of {_human(doc['quota_bytes'])}" if doc.get("quota_bytes") else ""
+        rows.append(("quota used", f"{_human(doc['quota_used_bytes'])}{limit}"))
     for key, value in doc.get("counters", {}).items():
         rows.append((key.replace("_", " "), value))
     width = max(len(k) for k, _ in rows)

@@ -15,7 +15,8 @@ Schema version 2. Integers are big-endian, so range scans run in order;
             prefixed `v<vol u32>:`: `name` (utf-8), `run` (run id, ascii hex),
             `next_ino`, `next_cookie`, `step` (u64 current agent step),
             `files`, `logical_bytes`, `inline_bytes` (u64 counters over live
-            regular files), `xattr_bytes` (over every inode), `evict_seq`,
+            regular files), `xattr_bytes` (over every inode with a name: an
+            orphan's xattrs stop counting when its last name goes), `evict_seq`,
             `evicted_n`, `removed_n` (log bookkeeping), `incomplete` (present
             while a fork is being copied in), and the keys of `snapshots`.
 `volume`    volume name (utf-8) -> vol u32 + root ino u64 (always 1).
@@ -647,6 +648,11 @@ class Store:
         old_inl = old.size if old_live and old.inline else 0
         new_inl = new.size if new_live and new.inline else 0
         self._bump(txn, b"inline_bytes", new_inl - old_inl)
+        # xattrs count while their inode has a name (any type): the quota sees
+        # them go with the last name, as it sees content go.
+        if old is not None and new is not None and (old.nlink > 0) != (new.nlink > 0):
+            held = self._xattr_totals(txn, new.ino)[0]
+            self._bump(txn, b"xattr_bytes", held if new.nlink > 0 else -held)
 
     def scan_index(self, index: str, before_step: int | None = None,
                    since_step: int = 0, limit: int | None = None,
@@ -1135,6 +1141,11 @@ class Store:
                 listed += len(k) - 12 + 1
         return total, listed
 
+    def xattr_bytes(self, ino: int) -> int:
+        """Bytes of an inode's xattr names and values (what freeing it gives back)."""
+        with self.txn() as txn:
+            return self._xattr_totals(txn, ino)[0]
+
     def xattr_growth(self, ino: int, name: bytes, value: bytes) -> int:
         """Bytes setting this xattr would add (negative if it shrinks)."""
         with self.txn() as txn:
@@ -1160,7 +1171,8 @@ class Store:
             if old is None and listed + len(name) + 1 > XATTR_LIST_MAX:
                 raise errors.AttrTooBig("too many extended attribute names on one file")
             txn.put(key, value, db=self.db["xattr"])
-            self._bump(txn, b"xattr_bytes", growth)
+            if inode.nlink > 0:
+                self._bump(txn, b"xattr_bytes", growth)
             self._put_inode(txn, inode)  # ctime is the kernel's; the record is touched
         return growth
 
@@ -1172,7 +1184,8 @@ class Store:
                 return False
             txn.delete(key, db=self.db["xattr"])
             inode = self._get_inode(txn, ino)
-            self._bump(txn, b"xattr_bytes", -(len(name) + len(old)))
+            if inode.nlink > 0:
+                self._bump(txn, b"xattr_bytes", -(len(name) + len(old)))
             self._put_inode(txn, inode)
         return True
 
@@ -1232,7 +1245,7 @@ class Store:
             return []
         freed, _ = self._drop_blocks(txn, ino, 0)
         txn.delete(key, db=self.db["link"])
-        self._bump(txn, b"xattr_bytes", -self._drop_xattrs(txn, ino))
+        self._drop_xattrs(txn, ino)  # stopped counting with the last name
         # Not marked for snapshots: it left the tree when its last name went.
         txn.delete(key, db=self.db["inode"])
         return freed
