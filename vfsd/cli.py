@@ -361,7 +361,7 @@ def _gc_offline(run: RunDir, do_compact: bool) -> dict:
     from .store import Store
 
     store_dir, volume = run.store_location()
-    if not (store_dir / "lmdb").is_dir() and not (store_dir / "lmdb.old").is_dir():
+    if not compact.exists(store_dir):
         _fail(f"no vfsd store at {store_dir}")
     locks: list[int] = []
     try:
@@ -532,14 +532,14 @@ def fsck(target: Path, repair: bool, verify: bool, as_json: bool) -> None:
     from . import compact
     from .errors import StoreLocked
 
-    if any((target / name).is_dir() for name in ("lmdb", "lmdb.old")):
+    if compact.exists(target):
         store_dir, volume = target, None
     else:
         store_dir, volume = RunDir(target).store_location()
     try:
         # Finishes a compaction cut short (as every writer does first) and
         # keeps a new one off until fsck is done.
-        hold = compact.hold(store_dir) if store_dir.is_dir() else None
+        hold = compact.hold(store_dir) if compact.exists(store_dir) else None
     except StoreLocked as exc:
         _fail(str(exc))
     try:

@@ -34,6 +34,11 @@ def _lock_file(store_dir: Path) -> int:
     return os.open(locks / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
+def exists(store_dir: Path) -> bool:
+    """Whether `store_dir` holds an LMDB file (or one a compaction is swapping in)."""
+    return any((Path(store_dir) / name).is_dir() for name in ("lmdb", "lmdb.old"))
+
+
 def _interrupted(store_dir: Path) -> bool:
     return any((Path(store_dir) / name).exists() for name in ("lmdb.compact", "lmdb.old"))
 

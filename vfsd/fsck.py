@@ -82,8 +82,8 @@ def readable(store_dir) -> FsckReport | None:
         return None
     rep = FsckReport()
     rep.problem(msg)
-    rep.problem("the store cannot be repaired in place: restore it from a backup, or copy "
-                "out what still reads (mount it and copy files; damaged ones fail with EIO)")
+    rep.problem("damaged pages cannot be repaired in place, and vfsd will not mount the "
+                "store: restore it from a backup")
     return rep
 
 

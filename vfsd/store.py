@@ -165,8 +165,10 @@ class Store:
         # restored from (`snapshots`: meta `base_changed`).
         self.base_clean = False
         self._base_touched = False
-        # Writers keep compaction away while they have the store open.
-        self._hold = None if readonly else compact.hold(self.dir)
+        # Writers keep compaction away while they have the store open (and
+        # make no directory where there is no store to open).
+        wanted = create or compact.exists(self.dir)
+        self._hold = compact.hold(self.dir) if wanted and not readonly else None
         self.env = None
         try:
             self._open(volume, readonly, create, map_size, sync, chunk_size, inline_max)
