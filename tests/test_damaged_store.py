@@ -19,7 +19,9 @@ LMDB, used to be served as the file's content and accepted by `fsck
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
 import shutil
 import struct
@@ -41,14 +43,21 @@ PAGE = 4096
 P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
 
 
-def make_files(root: Path) -> None:
+def the_files() -> dict[str, bytes]:
     """1,500 files in 10 directories, inline (LMDB overflow pages) and chunked."""
     rng = random.Random(1)
+    files = {}
     for d in range(10):
-        (root / f"d{d}").mkdir()
         for i in range(150):
             size = rng.choice([100, 1000, 5000, 20000])
-            (root / f"d{d}" / f"file-{i:04d}.txt").write_bytes(rng.randbytes(size))
+            files[f"d{d}/file-{i:04d}.txt"] = rng.randbytes(size)
+    return files
+
+
+def make_files(root: Path) -> None:
+    for rel, data in the_files().items():
+        (root / rel).parent.mkdir(exist_ok=True)
+        (root / rel).write_bytes(data)
 
 
 def compact_in_place(lmdb_dir: Path) -> None:
@@ -153,6 +162,43 @@ def test_damaged_pages_refused_and_reported(pristine: Path, tmp_path: Path, how:
         assert proc.returncode == 1, proc
         assert "problem:" in proc.stdout and "fsck: NOT clean" in proc.stdout, proc.stdout
         assert "Traceback" not in proc.stderr
+    finally:
+        run.cleanup()
+
+
+LONG = os.environ.get("VFSD_LONG") == "1"
+
+
+@pytest.mark.skipif(not LONG, reason="VFSD_LONG=1: 30 more seeds of random page damage")
+@pytest.mark.parametrize("seed", range(100, 130))
+def test_random_page_damage_refuses_or_serves_only_true_bytes(pristine: Path, tmp_path: Path,
+                                                              seed: int):
+    """Three random pages overwritten: either the mount is refused (as above),
+    or every file reads as written or fails with EIO, and the daemon lives."""
+    run = MountedRun(tmp_path / "run")
+    shutil.copytree(pristine, run.run_dir)
+    damage_pages(run.state_dir / "lmdb" / "data.mdb", "pages", seed)
+    try:
+        proc = vfsd_cli("mount", run.run_dir, check=False, timeout=60)
+        if proc.returncode != 0:
+            assert "vfsd fsck" in proc.stderr and "Traceback" not in proc.stderr, proc
+            proc = vfsd_cli("fsck", run.run_dir, "--json", check=False, timeout=60)
+            assert proc.returncode == 1 and not json.loads(proc.stdout)["clean"], proc
+            return
+        failed = []
+        for rel, data in the_files().items():
+            try:
+                got = (run.root / rel).read_bytes()
+            except OSError as exc:
+                assert exc.errno == errno.EIO, (rel, exc)
+                failed.append(rel)
+                continue
+            assert got == data, f"{rel}: wrong bytes served"
+        assert json.loads(vfsd_cli("status", run.run_dir, "--json").stdout)["running"]
+        run.umount()
+        proc = vfsd_cli("fsck", run.run_dir, "--verify", "--json", check=False, timeout=60)
+        report = json.loads(proc.stdout)
+        assert sorted(report["damaged_files"]) == sorted(failed), report
     finally:
         run.cleanup()
 
