@@ -19,7 +19,7 @@ import pyfuse3
 import structlog
 import trio
 
-from . import __version__, compact, ctldir, notify
+from . import __version__, compact, ctldir, errors, notify
 from .config import Config
 from .errors import StartupError, StoreLocked, StoreVersionError
 from .eviction import Evictor
@@ -140,9 +140,14 @@ class Daemon:
         policy made stricter since the last run); with nothing due it costs a
         range scan per step index.
         """
-        report = self.evictor.run()
-        self.evictor.take_invalidations()  # not mounted yet: the kernel holds no names
-        deleted = self.snapshots.apply_retention()
+        try:
+            report = self.evictor.run()
+            deleted = self.snapshots.apply_retention()
+        except errors.StoreError as exc:  # a full disk, say: the next step advance retries
+            log.warning("catch_up_failed", error=str(exc))
+            return
+        finally:
+            self.evictor.take_invalidations()  # not mounted yet: the kernel holds no names
         if report["files"] or deleted:
             log.info("caught_up_with_step", step=report["step"], evicted=report["files"],
                      bytes=report["bytes"], snapshots_deleted=deleted)
