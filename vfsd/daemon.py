@@ -19,9 +19,9 @@ import pyfuse3
 import structlog
 import trio
 
-from . import __version__, compact, ctldir, errors, notify
+from . import __version__, compact, ctldir, notify
 from .config import Config
-from .errors import StartupError, StoreLocked, StoreVersionError
+from .errors import StartupError, StoreError, StoreLocked, StoreVersionError
 from .eviction import Evictor
 from .evictlog_view import EvictionLogView
 from .fs import VfsdOperations
@@ -143,7 +143,7 @@ class Daemon:
         try:
             report = self.evictor.run()
             deleted = self.snapshots.apply_retention()
-        except errors.StoreError as exc:  # a full disk, say: the next step advance retries
+        except StoreError as exc:  # a full disk, say: the next step advance retries
             log.warning("catch_up_failed", error=str(exc))
             return
         finally:
