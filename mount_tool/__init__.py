@@ -13,6 +13,7 @@ line and talks to the daemon through the mount and its control socket.
 from .client import ControlClient
 from .errors import (
     ControlError,
+    Damaged,
     Evicted,
     Missing,
     MountError,
@@ -29,6 +30,7 @@ from .refs import FileRef, as_ref, content_hash, is_ref
 __all__ = [
     "ControlClient",
     "ControlError",
+    "Damaged",
     "Evicted",
     "FileRef",
     "Missing",

@@ -132,7 +132,13 @@ class ControlClient:
             fresh = self._sock is None
             try:
                 sock = self._connect()
-                sock.sendall(data)
+                try:
+                    sock.sendall(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    # A daemon that refuses a newcomer (busy, forbidden) replies
+                    # and closes at once, maybe before the request went out:
+                    # its reply is still there to read. Reading tells.
+                    pass
                 reply = json.loads(self._read_line(sock))
                 if not isinstance(reply, dict):
                     raise ValueError("the daemon's reply is not a JSON object")

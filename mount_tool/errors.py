@@ -7,6 +7,7 @@ builtin (`FileNotFoundError`) where code written for plain files expects one.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 
@@ -130,3 +131,24 @@ class SnapshotNotPublished(MountToolError):
 
 class ThreadBindingError(MountToolError):
     """A graph thread other than the one the run dir serves tried to use it."""
+
+
+class Damaged(RefError, OSError):
+    """The referenced file is there but the store cannot serve its content:
+    the daemon found it damaged on disk and answered EIO (it never serves
+    bytes that fail their hash). `vfsd fsck --verify` lists damaged files.
+
+    Also an OSError with errno EIO, as a read of the file itself gives.
+    """
+
+    def __init__(self, ref: dict[str, Any]) -> None:
+        super().__init__(
+            f"{ref.get('path')} (ino {ref.get('ino')}) cannot be read: its stored content is "
+            "damaged (EIO); `vfsd fsck --verify RUN_DIR` lists the damaged files",
+            ref,
+        )
+        self.errno = errno.EIO
+        self.strerror = "stored content is damaged"
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # the message, not OSError's "[Errno 5] ..."

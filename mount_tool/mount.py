@@ -21,7 +21,7 @@ from typing import Any
 
 from .beneath import makedirs_beneath, open_beneath, relative_parts
 from .client import ControlClient
-from .errors import ControlError, Evicted, Missing, MountError, MountToolError, StaleRef
+from .errors import ControlError, Damaged, Evicted, Missing, MountError, MountToolError, StaleRef
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
 
@@ -333,7 +333,8 @@ class Mount:
         through `.vfsd/snapshots/<id>/<path>`. Only when no retained snapshot
         has it: Evicted (with `.record`) when the file was evicted, StaleRef
         when its content changed since the ref was taken, Missing when it was
-        removed; the message says no snapshot has it.
+        removed; the message says no snapshot has it. Damaged when the store
+        cannot serve the content (EIO: it is damaged on disk).
 
         The daemon is asked first: the kernel may still cache the name of a file
         the daemon has just evicted, so reading by path alone could return
@@ -343,7 +344,12 @@ class Mount:
         res = self.resolve(ref)
         state, current = res.get("state"), res.get("ref")
         if state == "live" and res.get("matches", True) and current:
-            data = self._read_same_inode(current["path"], ref)
+            try:
+                data = self._read_same_inode(current["path"], ref)
+            except OSError as exc:
+                if exc.errno == errno.EIO:
+                    raise Damaged(ref) from None
+                raise
             if isinstance(data, bytes) and self.hash_of(data) == ref["hash"]:
                 return data
             # Changed, moved or removed between the daemon's answer and the read.
@@ -377,7 +383,12 @@ class Mount:
             with os.fdopen(fd, "rb") as f:
                 if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                     return None
-                data = f.read()
+                try:
+                    data = f.read()
+                except OSError as exc:
+                    if exc.errno == errno.EIO:
+                        raise Damaged(ref) from None
+                    raise
             if self.hash_of(data) == ref["hash"]:
                 return data
         return None

@@ -167,3 +167,67 @@ def test_unlink_costs_no_attribute_write_for_the_dead_inode(run):
         f.write(b"still here")
         os.utime(f.fileno(), ns=(10**9, 2 * 10**9))
         assert os.fstat(f.fileno()).st_mtime_ns == 2 * 10**9
+
+
+def _as_nobody(root_fd: int, rels: list[str]) -> list[str]:
+    """In a child running as uid/gid 65534, read (files) or list (directories)
+    each path relative to the mount root; per path "ok" or the errno's name.
+
+    The child reaches the mount through a descriptor opened before it drops
+    privileges, so the test's private tmp dirs do not stop it first.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            out = []
+            for rel in rels:
+                path = f"/proc/self/fd/{root_fd}/{rel}"
+                try:
+                    if os.path.isdir(path):
+                        os.listdir(path)
+                    else:
+                        with open(path, "rb") as f:
+                            f.read()
+                    out.append("ok")
+                except OSError as exc:
+                    out.append(errno.errorcode[exc.errno])
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_attr_mirror_follows_the_modes_it_mirrors(run_factory):
+    # With --allow-other every local user reaches the mount; the mirror used
+    # to be 0555/0444 throughout, so anyone could list a private directory
+    # there and read a private file's hash and xattrs.
+    run = run_factory("shared", "--allow-other")
+    root = run.root
+    (root / "private").mkdir(mode=0o700)
+    (root / "private" / "secret.txt").write_bytes(b"s")
+    os.setxattr(root / "private" / "secret.txt", "user.note", b"do not share")
+    (root / "closed.txt").write_bytes(b"c")
+    os.chmod(root / "closed.txt", 0o600)
+    (root / "open.txt").write_bytes(b"o")
+    os.chmod(root / "open.txt", 0o644)
+    (root / "public").mkdir(mode=0o755)
+    rels = ["private", "private/secret.txt", "closed.txt", "open.txt", "public"]
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        real = _as_nobody(fd, rels)
+        mirror = _as_nobody(fd, [f".vfsd/attr/{rel}" for rel in rels])
+    finally:
+        os.close(fd)
+    assert real == ["EACCES", "EACCES", "EACCES", "ok", "ok"]
+    assert mirror == real
+    # The owner still reads every one of them.
+    assert attr(root, "private/secret.txt")["xattrs"] == {"user.note": "do not share"}
+    assert attr(root, "closed.txt")["size"] == 1

@@ -529,6 +529,41 @@ def test_step_clock_persists_across_remount(run) -> None:
     assert call(run.run_dir, "get_step") == {"step": 11}
 
 
+def test_step_advanced_without_eviction_is_finished_at_start(run) -> None:
+    # A SIGKILL between a step advance's two transactions (store the step,
+    # then evict) leaves the step advanced and nothing evicted. Simulated by
+    # setting the step in the unmounted store: the next start evicts what the
+    # policy says, with eviction records, before any name is visible.
+    from vfsd.store import Store
+
+    root = run.root
+    for name in ("done", "active", "pinned"):
+        (root / name).write_bytes(name.encode() * 1000)
+    mark_done(root / "done")
+    mark_done(root / "pinned")
+    os.setxattr(root / "pinned", "user.vfsd.pin", b"1")
+    big = os.urandom(3 * MiB)
+    (root / "old_big").write_bytes(big)
+    mark_done(root / "old_big")
+    run.umount()
+    store = Store(run.state_dir, create=False)
+    store.set_step(4)
+    store.close()
+    run.mount()
+    assert call(run.run_dir, "get_step") == {"step": 4}
+    assert sorted(os.listdir(root)) == ["active", "pinned"]
+    records = {r["path"]: r for r in call(run.run_dir, "evicted")["records"]}
+    assert sorted(records) == ["done", "old_big"]
+    assert {(r["evicted_step"], r["reason"]) for r in records.values()} == {(4, "done")}
+    assert records["old_big"]["hash"] == content_hash(big)
+    assert not list((run.state_dir / "chunks").glob("??/*")), "evicted chunks were kept"
+    # Nothing more is due at the same step.
+    assert evicted_paths(step_to(run, 4)) == {}
+    run.umount()
+    proc = run.cli("fsck", run.run_dir, "--json", check=False)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["clean"], proc.stdout
+
+
 # --------------------------------------------------------------- xattrs
 
 

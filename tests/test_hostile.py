@@ -412,7 +412,9 @@ def test_damaged_lmdb_refused_at_start(tmp_path: Path, how: str):
             pid = run.state_dir / "vfsd.pid"
             assert not pid.exists() or not pid_running(int(pid.read_text()))
         proc = vfsd_cli("fsck", run.run_dir, check=False, timeout=30)
-        assert proc.returncode == 1 and proc.stderr.startswith("vfsd:"), proc
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc
+        assert "problem: the store's LMDB file" in proc.stdout, proc
+        assert "fsck: NOT clean" in proc.stdout, proc
     finally:
         run.cleanup()
 

@@ -17,6 +17,9 @@ DEFAULT_INLINE_MAX = 64 * KiB
 #: Default size of a content-addressed chunk.
 DEFAULT_CHUNK_SIZE = 1 * MiB
 
+#: Address space LMDB maps (the file itself grows only as the store does).
+LMDB_MAP_SIZE = 1 << 38
+
 #: Name of the per-run state directory inside a run dir.
 STATE_DIRNAME = ".vfsd"
 #: Name of the mountpoint inside a run dir.

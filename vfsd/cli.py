@@ -322,6 +322,7 @@ def status(run_dir: Path, as_json: bool) -> None:
         ("chunks", f"{doc['chunk_count']} ({_human(doc['chunk_bytes'])})"),
         ("stored bytes", _human(doc["stored_bytes"])),
         ("dedup ratio", f"{doc['dedup_ratio']:.2f}x"),
+        ("xattrs", _human(doc["xattr_bytes"])),
     ]
     remote = doc.get("remote")
     if remote:
@@ -344,6 +345,9 @@ def status(run_dir: Path, as_json: bool) -> None:
             limit = cache.get("limit")
             rows.append(("  local chunk cache", f"{_human(cache.get('bytes', 0))}"
                          + (f" of {_human(limit)}" if limit else " (no bound)")))
+    if "quota_used_bytes" in doc:
+        limit = f" of {_human(doc['quota_bytes'])}" if doc.get("quota_bytes") else ""
+        rows.append(("quota used", f"{_human(doc['quota_used_bytes'])}{limit}"))
     for key, value in doc.get("counters", {}).items():
         rows.append((key.replace("_", " "), value))
     width = max(len(k) for k, _ in rows)
@@ -459,31 +463,55 @@ def gc(run_dir: Path | None, remote_url: str | None, bucket: bool, grace: float 
             _fail(f"{run.path} is mounted: unmount it to compact its store")
         result = _call(run_dir, "gc")
     else:
-        from .errors import StoreLocked, StoreVersionError
-        from .fsck import lock_all
-        from .store import Store
+        result = _gc_offline(run, do_compact)
+    click.echo(json.dumps(result))
 
-        store_dir, volume = run.store_location()
+
+def _gc_offline(run: RunDir, do_compact: bool) -> dict:
+    """gc (and compaction) of an unmounted run dir's store, in this process."""
+    from . import compact
+    from .errors import StoreLocked, StoreVersionError
+    from .fsck import lock_all
+    from .lmdbcheck import check_readable
+    from .store import Store
+
+    store_dir, volume = run.store_location()
+    if not compact.exists(store_dir):
+        _fail(f"no vfsd store at {store_dir}")
+    locks: list[int] = []
+    try:
         try:
-            st = Store(store_dir, volume, create=False)
-        except StoreVersionError as exc:
+            hold = compact.hold(store_dir)
+        except StoreLocked as exc:
             _fail(str(exc))
         try:
-            locks = lock_all(st) if do_compact else []
-        except StoreLocked as exc:
-            st.close()
-            _fail(f"{exc}; unmount it to compact the store")
-        try:
-            result = st.gc_chunks(min_temp_age_s=0)
-            st.close()
-            if do_compact:
-                from .compact import compact
-
-                result.update(compact(store_dir))
+            # Never write to (or copy) a store whose pages do not all read.
+            damage = (check_readable(store_dir)
+                      if (store_dir / "lmdb" / "data.mdb").exists() else None)
+            if damage is not None:
+                _fail(f"{damage}; run `vfsd fsck {store_dir}` for a report")
+            try:
+                st = Store(store_dir, volume, create=False)
+            except StoreVersionError as exc:
+                _fail(str(exc))
+            try:
+                locks = lock_all(st) if do_compact else []
+                result = st.gc_chunks(min_temp_age_s=0)
+            except StoreLocked as exc:
+                _fail(f"{exc}; unmount it to compact the store")
+            finally:
+                st.close()
         finally:
-            for fd in locks:
-                os.close(fd)
-    click.echo(json.dumps(result))
+            os.close(hold)
+        if do_compact:
+            try:
+                result.update(compact.compact(store_dir))
+            except StoreLocked as exc:
+                _fail(str(exc))
+    finally:
+        for fd in locks:
+            os.close(fd)
+    return result
 
 
 def _remote_store(url_text: str, config_path: Path | None):
@@ -658,15 +686,40 @@ def fsck(target: Path, repair: bool, verify: bool, check_remote: bool,
     In a store with a remote, chunks absent locally but uploaded are
     "remote-only", not damage; --remote checks that the bucket has them.
     """
-    from .errors import StoreLocked, StoreVersionError
-    from .fsck import fsck as run_fsck
-    from .fsck import lock_all
-    from .store import Store
+    from . import compact
+    from .errors import StoreLocked
 
-    if (target / "lmdb").is_dir():
+    if compact.exists(target):
         store_dir, volume = target, None
     else:
         store_dir, volume = RunDir(target).store_location()
+    try:
+        # Finishes a compaction cut short (as every writer does first) and
+        # keeps a new one off until fsck is done.
+        hold = compact.hold(store_dir) if compact.exists(store_dir) else None
+    except StoreLocked as exc:
+        _fail(str(exc))
+    try:
+        _fsck(store_dir, volume, repair, verify, as_json, check_remote, config_path)
+    finally:
+        if hold is not None:
+            os.close(hold)
+
+
+def _fsck(store_dir: Path, volume: str | None, repair: bool, verify: bool,
+          as_json: bool, check_remote: bool = False, config_path: Path | None = None) -> None:
+    from .errors import StoreLocked, StoreVersionError
+    from .fsck import fsck as run_fsck
+    from .fsck import lock_all, readable
+    from .store import Store
+
+    # Damaged pages can crash whoever reads them (SIGBUS): a child process
+    # reads them all first, and damage found there is the whole report.
+    if (store_dir / "lmdb" / "data.mdb").exists():
+        damage = readable(store_dir)
+        if damage is not None:
+            _print_fsck(damage, damage, as_json)
+            sys.exit(1)
     try:
         st = Store(store_dir, volume, create=False)
     except StoreVersionError as exc:
@@ -698,23 +751,29 @@ def fsck(target: Path, repair: bool, verify: bool, check_remote: bool,
             os.close(fd)
         if remote is not None:
             remote.close()
+    _print_fsck(report, after, as_json)
+    sys.exit(0 if after.clean else 1)
+
+
+def _print_fsck(report, after, as_json: bool) -> None:
+    """An fsck report (and whether a repair left the store clean), as text or JSON."""
     doc = report.as_dict()
     doc["clean_after_repair"] = after.clean
     if as_json:
         click.echo(json.dumps(doc, indent=2))
-    else:
-        for p in report.problems:
-            click.echo(f"problem: {p}")
-        for r in report.repaired:
-            click.echo(f"repaired: {r}")
-        for f in report.damaged_files:
-            click.echo(f"damaged (content lost, reads fail with EIO): {f}")
-        state = "clean" if report.clean else ("repaired" if after.clean else "NOT clean")
-        remote_only = report.stats.get("remote_only", 0)
-        click.echo(f"fsck: {state} ({report.stats.get('inodes', 0)} inodes, "
-                   f"{report.stats.get('chunk_files', 0)} chunk files"
-                   + (f", {remote_only} remote-only chunks" if remote_only else "") + ")")
-    sys.exit(0 if after.clean else 1)
+        return
+    for p in report.problems:
+        click.echo(f"problem: {p}")
+    for r in report.repaired:
+        click.echo(f"repaired: {r}")
+    for f in report.damaged_files:
+        click.echo(f"damaged (content lost, reads fail with EIO): {f}")
+    state = "clean" if report.clean else ("repaired" if after.clean else "NOT clean")
+    remote_only = report.stats.get("remote_only", 0)
+    counts = (f" ({report.stats['inodes']} inodes, {report.stats.get('chunk_files', 0)} "
+              "chunk files" + (f", {remote_only} remote-only chunks" if remote_only else "")
+              + ")" if "inodes" in report.stats else "")
+    click.echo(f"fsck: {state}{counts}")
 
 
 def main() -> None:

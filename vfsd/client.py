@@ -47,7 +47,10 @@ class ControlClient:
 
     def call(self, op: str, **args) -> dict:
         try:
-            self.sock.sendall(json.dumps({"op": op, **args}).encode() + b"\n")
+            try:
+                self.sock.sendall(json.dumps({"op": op, **args}).encode() + b"\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused and closed before the request went out: read the reply
             line = self.rfile.readline(MAX_REPLY)
         except TimeoutError:
             raise DaemonUnreachable(

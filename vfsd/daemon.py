@@ -20,9 +20,9 @@ import pyfuse3
 import structlog
 import trio
 
-from . import __version__, ctldir, notify, remotestate
+from . import __version__, compact, ctldir, notify, remotestate
 from .config import Config
-from .errors import StoreLocked, StoreVersionError
+from .errors import StartupError, StoreError, StoreLocked, StoreVersionError
 from .eviction import Evictor
 from .evictlog_view import EvictionLogView
 from .fs import VfsdOperations
@@ -42,10 +42,6 @@ from .store import Store
 log = structlog.get_logger("vfsd.daemon")
 
 
-class StartupError(Exception):
-    """The daemon cannot start; the message is for the user."""
-
-
 class Daemon:
     """Everything one mounted run dir needs, wired together."""
 
@@ -61,6 +57,7 @@ class Daemon:
         self.ops: VfsdOperations | None = None
         self.evictor: Evictor | None = None
         self._lock_fd: int | None = None
+        self._hold_fd: int | None = None
         self.metrics = None
         self.started = time.monotonic()
 
@@ -96,6 +93,12 @@ class Daemon:
             raise StartupError(f"mountpoint {mp} is not empty")
         try:
             self._lock_fd = lock_volume(self.store_dir, self.volume)
+        except StoreLocked as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            # Held for the daemon's life; a compaction cut short is finished
+            # (or undone) first, before anything reads the file.
+            self._hold_fd = compact.hold(self.store_dir)
         except StoreLocked as exc:
             raise StartupError(str(exc)) from None
         if (self.store_dir / "lmdb" / "data.mdb").exists():
@@ -145,6 +148,7 @@ class Daemon:
         self.ops.limits = self.evictor.limits
         self.ops.evicted_names = self.evictor.take_invalidations
         self.ops.reserve_file = self.evictor.reserve_file
+        self._catch_up_with_step()
         self.metrics = start_metrics_server(self, self.config.metrics_port)
 
     def _prepare_remote(self) -> None:
@@ -164,6 +168,29 @@ class Daemon:
         self.ops.remote = self.remote
         log.info("remote_tier", remote=str(self.remote.url), run=self.remote.run_id,
                  state=self.remote.state, reason=self.remote.reason or None)
+
+    def _catch_up_with_step(self) -> None:
+        """Apply the policy at the stored step before the kernel sees any name.
+
+        A step advance stores the step, then evicts in a second transaction:
+        a daemon killed between the two left the step advanced and nothing
+        evicted. Evicting at start finishes such an advance (and applies a
+        policy made stricter since the last run); with nothing due it costs a
+        range scan per step index.
+        """
+        if self.remote is not None and not self.remote.writable():
+            return  # another worker holds the run: this store stays as it is
+        try:
+            report = self.evictor.run()
+            deleted = self.snapshots.apply_retention()
+        except StoreError as exc:  # a full disk, say: the next step advance retries
+            log.warning("catch_up_failed", error=str(exc))
+            return
+        finally:
+            self.evictor.take_invalidations()  # not mounted yet: the kernel holds no names
+        if report["files"] or deleted:
+            log.info("caught_up_with_step", step=report["step"], evicted=report["files"],
+                     bytes=report["bytes"], snapshots_deleted=deleted)
 
     def _render_status(self) -> bytes:
         from .status import live_status
@@ -237,6 +264,9 @@ class Daemon:
             self.store.close()
         if self.remote is not None:
             self.remote.close()
+        if self._hold_fd is not None:
+            os.close(self._hold_fd)
+            self._hold_fd = None
         for path in (self.run.sock, self.run.pidfile):
             try:
                 path.unlink()

@@ -1,7 +1,9 @@
-"""Errors raised by the storage layer.
+"""Errors raised by the storage layer, and the daemon's startup refusal.
 
-Each carries the POSIX errno that best describes it, so callers (the FUSE layer,
-the control server) can answer without knowing storage internals.
+Each storage error carries the POSIX errno that best describes it, so callers
+(the FUSE layer, the control server) can answer without knowing storage
+internals. The exceptions below `StoreError`'s family are not errno-shaped:
+they stop a daemon before it mounts, with a message for the user.
 """
 
 import errno
@@ -89,3 +91,7 @@ class StoreLocked(Exception):
 
 class StoreVersionError(Exception):
     """The store was written by an incompatible schema version or is damaged."""
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message is for the user."""

@@ -60,27 +60,32 @@ class Evictor:
         used = self.usage(counters) + extra_bytes
         nfiles = counters["files"] + extra_files
         for ino in victims:
-            inode = self.files.attrs(ino)
-            used -= inode.size
+            used -= self._frees(ino)
             nfiles -= 1
 
-        def over() -> bool:
-            return ((cfg.quota_bytes is not None and used > cfg.quota_bytes)
-                    or (cfg.max_files is not None and nfiles > cfg.max_files))
+        def over_quota() -> bool:
+            return cfg.quota_bytes is not None and used > cfg.quota_bytes
 
-        if not over():
+        def over_files() -> bool:
+            return cfg.max_files is not None and nfiles > cfg.max_files
+
+        if not (over_quota() or over_files()):
             return
         for _, ino in self.store.iter_index("agestep"):
             if ino in victims or ino == exclude:
                 continue
-            inode = self.files.attrs(ino)
-            reason = ("quota" if cfg.quota_bytes is not None and used > cfg.quota_bytes
-                      else "max_files")
-            victims[ino] = reason
-            used -= inode.size
+            frees = self._frees(ino)
+            if not over_files() and frees == 0:
+                continue  # over the quota only: a file that frees nothing stays
+            victims[ino] = "quota" if over_quota() else "max_files"
+            used -= frees
             nfiles -= 1
-            if not over():
+            if not (over_quota() or over_files()):
                 return
+
+    def _frees(self, ino: int) -> int:
+        """Bytes the quota gets back when `ino` goes: its content and its xattrs."""
+        return self.files.attrs(ino).size + self.store.xattr_bytes(ino)
 
     def usage(self, counters: dict | None = None) -> int:
         """Bytes the quota counts: file content (writes still buffered

@@ -260,11 +260,14 @@ class VfsdOperations(pyfuse3.Operations):
                 mirrored = self._attrs(ctldir.mirrored(ino))
             e.st_uid, e.st_gid = mirrored.uid, mirrored.gid
             e.st_mtime_ns = e.st_ctime_ns = mirrored.ctime_ns
+            # Listed, searched and read on the terms of what it mirrors: with
+            # --allow-other, a private directory's names and a private file's
+            # hash and xattrs stay private here too.
             if mirrored.is_dir:
-                e.st_mode, e.st_nlink = ctldir.DIR_MODE, 2
+                e.st_mode, e.st_nlink = stat.S_IFDIR | (mirrored.mode & 0o555), 2
             else:
                 # Rendered when opened (direct I/O, like /proc): size unknown.
-                e.st_mode, e.st_nlink = ctldir.FILE_MODE, 1
+                e.st_mode, e.st_nlink = stat.S_IFREG | (mirrored.mode & 0o444), 1
         elif ino == ctldir.DIR_INO:
             e.st_mode, e.st_nlink = ctldir.DIR_MODE, 2
         else:

@@ -89,8 +89,8 @@ def readable(store_dir) -> FsckReport | None:
         return None
     rep = FsckReport()
     rep.problem(msg)
-    rep.problem("the store cannot be repaired in place: restore it from a backup, or copy "
-                "out what still reads (mount it and copy files; damaged ones fail with EIO)")
+    rep.problem("damaged pages cannot be repaired in place, and vfsd will not mount the "
+                "store: restore it from a backup")
     return rep
 
 
@@ -523,7 +523,9 @@ def _check_indexes(store: Store, txn, vols: dict[str, _Volume], rep: FsckReport)
             for k, v in cur:
                 if k[:4] != vb:
                     break
-                c["xattr_bytes"] += len(k) - 12 + len(v)
+                owner = volume.inodes.get(_VI.unpack(k[:12])[1])
+                if owner is not None and owner.nlink > 0:  # orphans' xattrs do not count
+                    c["xattr_bytes"] += len(k) - 12 + len(v)
     index_bad = False
     for name, want in want_index.items():
         have = {bytes(k) for k in txn.cursor(db=db[name]).iternext(values=False)}

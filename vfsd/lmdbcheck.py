@@ -19,12 +19,30 @@ from pathlib import Path
 
 import lmdb
 
+from . import LMDB_MAP_SIZE
+
+
+class Damaged(Exception):
+    """The LMDB file is not whole (what LMDB itself would not say clearly)."""
+
 
 def walk(store_dir: Path) -> int:
     """Touch every record of every table; the number of records."""
-    env = lmdb.open(str(Path(store_dir) / "lmdb"), readonly=True, lock=True, max_dbs=64)
+    data_file = Path(store_dir) / "lmdb" / "data.mdb"
+    size = data_file.stat().st_size
+    if size < 2 * 4096:  # not even LMDB's two meta pages
+        raise Damaged(f"{data_file} is empty or cut short ({size} bytes)")
+    # Mapped as the daemon maps it: a record that claims to reach past the
+    # end of the file then faults here exactly as it would there (SIGBUS).
+    env = lmdb.open(str(Path(store_dir) / "lmdb"), readonly=True, lock=True, max_dbs=64,
+                    map_size=LMDB_MAP_SIZE)
     n = 0
     try:
+        # A file cut short: every page past its end would fault.
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        if size < needed:
+            raise Damaged(f"{data_file} is truncated ({size} bytes, its own metadata "
+                          f"says {needed})")
         with env.begin() as txn:
             names = [bytes(k) for k in txn.cursor().iternext(values=False)]
         for name in names:
@@ -64,7 +82,7 @@ def check_readable(store_dir: Path, timeout: float = 600.0) -> str | None:
 def main(argv: list[str]) -> int:
     try:
         walk(Path(argv[0]))
-    except lmdb.Error as exc:
+    except (lmdb.Error, Damaged) as exc:
         print(f"the store's LMDB file is damaged: {exc}")
         return 2
     return 0

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .errors import StartupError
 
 log = structlog.get_logger("vfsd.metrics")
 
@@ -179,13 +180,11 @@ class MetricsServer:
 def start_metrics_server(daemon, port: int | None) -> MetricsServer | None:
     """Serve `daemon`'s metrics on 127.0.0.1:`port`; None (no server) if `port` is None.
 
-    `daemon` needs `store`, `ops` and `evictor` set up. Raises the daemon's
+    `daemon` needs `store`, `ops` and `evictor` set up. Raises
     StartupError if the port cannot be bound.
     """
     if port is None:
         return None
-    from .daemon import StartupError  # here: daemon.py imports this module
-
     collector = DaemonCollector(daemon)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)

@@ -865,10 +865,13 @@ class Snapshots:
             txn.put(key, e.target, db=self.db["link"])
         else:
             txn.delete(key, db=self.db["link"])
-        st._bump(txn, b"xattr_bytes", -st._drop_xattrs(txn, ino))
+        dropped = st._drop_xattrs(txn, ino)
+        if old is not None and old.nlink > 0:  # an orphan's xattrs did not count
+            st._bump(txn, b"xattr_bytes", -dropped)
         for name, value in e.xattrs:
             txn.put(key + name, value, db=self.db["xattr"])
-            st._bump(txn, b"xattr_bytes", len(name) + len(value))
+            if new.nlink > 0:
+                st._bump(txn, b"xattr_bytes", len(name) + len(value))
         st._reindex(txn, old if old is not None and old.nlink > 0 else None, new)
         st._put_inode(txn, new)
         txn.delete(key, db=self.db["orphan"])

@@ -66,6 +66,9 @@ def live_status(daemon) -> dict:
         "pid": os.getpid(),
         "mountpoint": str(daemon.run.mountpoint),
         "uptime_s": round(time.monotonic() - daemon.started, 1),
+        # What the quota counts: content (buffered writes included) and xattrs.
+        "quota_used_bytes": ev.usage(),
+        "quota_bytes": daemon.config.quota_bytes,
         "open_files": len(ops.files.files),
         "dirty_bytes": ops.files.dirty_bytes,
         "dirty_limit": ops.files.dirty_limit,

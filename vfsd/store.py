@@ -15,7 +15,8 @@ Schema version 2. Integers are big-endian, so range scans run in order;
             prefixed `v<vol u32>:`: `name` (utf-8), `run` (run id, ascii hex),
             `next_ino`, `next_cookie`, `step` (u64 current agent step),
             `files`, `logical_bytes`, `inline_bytes` (u64 counters over live
-            regular files), `xattr_bytes` (over every inode), `evict_seq`,
+            regular files), `xattr_bytes` (over every inode with a name: an
+            orphan's xattrs stop counting when its last name goes), `evict_seq`,
             `evicted_n`, `removed_n` (log bookkeeping), `incomplete` (present
             while a fork is being copied in), and the keys of `snapshots`.
 `volume`    volume name (utf-8) -> vol u32 + root ino u64 (always 1).
@@ -74,7 +75,7 @@ from pathlib import Path
 
 import lmdb
 
-from . import DEFAULT_INLINE_MAX, compact, errors, filehash
+from . import DEFAULT_INLINE_MAX, LMDB_MAP_SIZE, compact, errors, filehash
 from .chunks import ChunkStore, chunk_hash
 from .content import HOT_REF, ContentStore, is_hot, ref_digest
 from .content import all_zero as content_all_zero
@@ -195,7 +196,7 @@ class Store(NamespaceMixin, XattrMixin):
         volume: str | None = "default",
         *,
         readonly: bool = False,
-        map_size: int = 1 << 38,
+        map_size: int = LMDB_MAP_SIZE,
         sync: bool = False,
         create: bool = True,
         chunk_size: int | None = None,
@@ -215,13 +216,28 @@ class Store(NamespaceMixin, XattrMixin):
         self._base_touched = False
         self.dirty_since: float | None = None  # first change since the last snapshot
         self.on_chunk_files = None  # remote tier: (made [(digest, size)], deleted [digest])
+        # Writers keep compaction away while they have the store open (and
+        # make no directory where there is no store to open).
+        wanted = create or compact.exists(self.dir)
+        self._hold = compact.hold(self.dir) if wanted and not readonly else None
+        self.env = None
+        try:
+            self._open(volume, readonly, create, map_size, sync, chunk_size, inline_max,
+                       incomplete_ok)
+        except BaseException:
+            if self.env is not None:
+                self.env.close()
+            self._release_hold()
+            raise
+
+    def _open(self, volume, readonly, create, map_size, sync, chunk_size, inline_max,
+              incomplete_ok) -> None:
         self.env = self._open_env(readonly, create, map_size, sync)
         try:
             with self.txn() as txn:
                 self._check_schema(txn)
             self.db = {name: self._open_db(name) for name in _DB_NAMES}
         except errors.StoreError as exc:
-            self.env.close()
             raise errors.StoreVersionError(
                 f"store at {self.dir / 'lmdb'} is damaged or not a vfsd store: {exc}") from None
         self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
@@ -235,7 +251,6 @@ class Store(NamespaceMixin, XattrMixin):
         self._vp = b"v" + _U32.pack(self.vol) + b":"
         self._vb = _U32.pack(self.vol)
         if volume is not None and self.meta_u64(b"incomplete") and not incomplete_ok:
-            self.env.close()
             raise errors.StoreVersionError(
                 f"volume {self.volume!r} of store {self.dir} is a fork or an import that did "
                 "not finish copying; run `vfsd fork` (or `vfsd mount --from`) again to redo it")
@@ -250,9 +265,6 @@ class Store(NamespaceMixin, XattrMixin):
     def _open_env(self, readonly: bool, create: bool, map_size: int, sync: bool):
         lmdb_dir = self.dir / "lmdb"
         data_file = lmdb_dir / "data.mdb"
-        if not readonly and ((self.dir / "lmdb.old").exists()
-                             or (self.dir / "lmdb.compact").exists()):
-            compact.recover(self.dir)
         if data_file.exists():
             if data_file.stat().st_size < 2 * 4096:  # not even LMDB's two meta pages
                 raise errors.StoreVersionError(
@@ -494,6 +506,12 @@ class Store(NamespaceMixin, XattrMixin):
     def close(self) -> None:
         self.chunks.close()
         self.env.close()
+        self._release_hold()
+
+    def _release_hold(self) -> None:
+        if self._hold is not None:
+            os.close(self._hold)
+            self._hold = None
 
     def sync(self) -> None:
         """Flush committed transactions to disk."""
@@ -685,6 +703,11 @@ class Store(NamespaceMixin, XattrMixin):
         old_inl = old.size if old_live and old.inline else 0
         new_inl = new.size if new_live and new.inline else 0
         self._bump(txn, b"inline_bytes", new_inl - old_inl)
+        # xattrs count while their inode has a name (any type): the quota sees
+        # them go with the last name, as it sees content go.
+        if old is not None and new is not None and (old.nlink > 0) != (new.nlink > 0):
+            held = self._xattr_totals(txn, new.ino)[0]
+            self._bump(txn, b"xattr_bytes", held if new.nlink > 0 else -held)
 
     def scan_index(self, index: str, before_step: int | None = None,
                    since_step: int = 0, limit: int | None = None,
@@ -928,7 +951,7 @@ class Store(NamespaceMixin, XattrMixin):
             txn.delete(key, db=self.db["hotino"])
             self._hot_gone.append(ino)
         txn.delete(key, db=self.db["link"])
-        self._bump(txn, b"xattr_bytes", -self._drop_xattrs(txn, ino))
+        self._drop_xattrs(txn, ino)  # stopped counting with the last name
         # Not marked for snapshots: it left the tree when its last name went.
         txn.delete(key, db=self.db["inode"])
         return freed

@@ -3,8 +3,8 @@
 A mixin of `store.Store` (table `xattr`, whose layout `store` documents).
 Names and values of one inode together are limited to XATTR_FILE_MAX bytes,
 and the list of its names to XATTR_LIST_MAX, so `listxattr` always fits
-the kernel's 64 KiB; the bytes count in the volume's `xattr_bytes`, which
-the quota includes.
+the kernel's 64 KiB; the bytes of inodes that have a name count in the
+volume's `xattr_bytes`, which the quota includes.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ class XattrMixin:
                 listed += len(k) - 12 + 1
         return total, listed
 
+    def xattr_bytes(self, ino: int) -> int:
+        """Bytes of an inode's xattr names and values (what freeing it gives back)."""
+        with self.txn() as txn:
+            return self._xattr_totals(txn, ino)[0]
+
     def xattr_growth(self, ino: int, name: bytes, value: bytes) -> int:
         """Bytes setting this xattr would add (negative if it shrinks)."""
         with self.txn() as txn:
@@ -62,7 +67,8 @@ class XattrMixin:
             if old is None and listed + len(name) + 1 > XATTR_LIST_MAX:
                 raise errors.AttrTooBig("too many extended attribute names on one file")
             txn.put(key, value, db=self.db["xattr"])
-            self._bump(txn, b"xattr_bytes", growth)
+            if inode.nlink > 0:
+                self._bump(txn, b"xattr_bytes", growth)
             self._put_inode(txn, inode)  # ctime is the kernel's; the record is touched
         return growth
 
@@ -74,7 +80,8 @@ class XattrMixin:
                 return False
             txn.delete(key, db=self.db["xattr"])
             inode = self._get_inode(txn, ino)
-            self._bump(txn, b"xattr_bytes", -(len(name) + len(old)))
+            if inode.nlink > 0:
+                self._bump(txn, b"xattr_bytes", -(len(name) + len(old)))
             self._put_inode(txn, inode)
         return True
 
