@@ -505,6 +505,26 @@ def test_refused_write_leaves_no_phantom_size(run_factory) -> None:
 # ---------------------------------------------------------- step clock
 
 
+def test_times_changed_on_an_open_file_do_not_make_it_younger(run) -> None:
+    """The age counts from the last content change: times the kernel (or
+    `touch`) sets on an open file, held until its release, must not stamp the
+    step current at the release (the kernel sends RELEASE after close()
+    returns, so a step advance can come first)."""
+    path = run.root / "kept.txt"
+    with open(path, "wb") as f:
+        f.write(b"written at step 0\n")
+        f.flush()
+        os.fsync(f.fileno())
+        step_to(run, 5)
+        os.utime(f.fileno(), ns=(1_000_000_000, 2_000_000_000))
+    wait_for(lambda: call(run.run_dir, "stats")["open_files"] == 0, "the release")
+    doc = attr_doc(path)
+    assert doc["mtime_ns"] == 2_000_000_000
+    assert doc["step"] == 0
+    # And so the default policy (max age 20) takes it at step 21, not 26.
+    assert evicted_paths(step_to(run, 21)) == {"kept.txt": "max_age"}
+
+
 def test_step_clock_persists_across_remount(run) -> None:
     root = run.root
     step_cli(run, 7)

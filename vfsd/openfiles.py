@@ -33,7 +33,7 @@ class OpenFile:
 
     __slots__ = ("inode", "committed_size", "handles", "dirty", "attr_dirty", "blocks",
                  "drop_from", "version", "unsynced", "hot", "hot_gen", "hot_valid",
-                 "hot_file")
+                 "hot_file", "content_dirty")
 
     def __init__(self, inode: Inode, blocks: dict[int, bytes]) -> None:
         self.inode = inode
@@ -41,6 +41,9 @@ class OpenFile:
         self.handles = 0
         self.dirty: dict[int, bytearray | bytes] = {}  # bytes: a whole, untouched block
         self.attr_dirty = False
+        # Content or size changed since the last commit, which then stamps the
+        # step (the age counts from content changes; times alone do not count).
+        self.content_dirty = False
         # Committed content references by index; hot blocks are in `hot` instead.
         self.blocks = {i: r for i, r in blocks.items() if not is_hot(r)}
         self.drop_from: int | None = None       # pending truncate of committed blocks
@@ -136,7 +139,7 @@ class OpenFiles:
         self.dirty_bytes -= sum(len(b) for b in of.dirty.values())
         of.dirty.clear()
         of.drop_from = None
-        of.attr_dirty = False
+        of.attr_dirty = of.content_dirty = False
         of.hot_valid.clear()
         of.hot_gen.clear()
         try:
@@ -375,7 +378,7 @@ class OpenFiles:
         if end > inode.size:
             inode.size = end
         inode.mtime_ns = inode.ctime_ns = now_ns()
-        of.attr_dirty = True
+        of.attr_dirty = of.content_dirty = True
         of.version += 1
         if inode.size <= self.inline_max or end >= inode.size \
                 or self.dirty_bytes > self.dirty_limit:
@@ -417,7 +420,7 @@ class OpenFiles:
                     del blk[tail:]
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = now_ns()
-        of.attr_dirty = True
+        of.attr_dirty = of.content_dirty = True
         of.version += 1
 
     # -------------------------------------------------------------- commit
@@ -455,9 +458,11 @@ class OpenFiles:
         blocks = {i: self._exact(of, i) for i in idxs if i in of.dirty}
         committed, refs = self.store.commit_content(
             of.inode, blocks=blocks, drop_blocks_from=of.drop_from,
-            hot_after=bool(of.hot) if of.drop_from is not None else None)
+            hot_after=bool(of.hot) if of.drop_from is not None else None,
+            stamp_step=of.content_dirty)
         of.drop_from = None
-        of.attr_dirty = False  # the committed record carries the current attributes
+        # The committed record carries the current attributes.
+        of.attr_dirty = of.content_dirty = False
         for idx, ref in refs.items():
             self.dirty_bytes -= len(of.dirty.pop(idx, b""))
             of.hot_valid.pop(idx, None)
