@@ -133,14 +133,14 @@ def test_renewals_keep_the_lease_past_its_ttl(store):
     holder.acquire()
     taker = Lease(store, "long-lived", ttl=3)
     refused = 0
-    end = time.monotonic() + 3 * holder.ttl  # well past the first expiry
+    end = time.monotonic() + 2 * holder.ttl + 1  # well past the first expiry
     while time.monotonic() < end:
         holder.renew()
         with pytest.raises(LeaseHeld):
             taker.acquire()
         refused += 1
         time.sleep(0.5)
-    assert holder.valid and holder.generation == 1 and refused >= 6
+    assert holder.valid and holder.generation == 1 and refused >= 5
 
 HOLDER = textwrap.dedent("""
     import sys, trio, structlog

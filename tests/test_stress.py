@@ -34,7 +34,7 @@ from mount_tool.refs import content_hash
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
 LONG = bool(os.environ.get("VFSD_LONG"))
-LOAD_SECONDS = 60.0 if LONG else 12.0
+LOAD_SECONDS = 60.0 if LONG else 8.0
 WRITERS = 3
 READERS = 2
 RSS_LIMIT_MB = 300
