@@ -39,6 +39,16 @@ def chunk_files_bytes(store_dir: Path) -> int:
     return total
 
 
+def settle(run) -> None:
+    """A sync point (an fsync of the mount's root): the chunk files that
+    durable removals no longer name are deleted there, not earlier."""
+    fd = os.open(run.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def stored_chunk_bytes(status: dict) -> int:
     """Bytes held in the chunk tier according to the daemon."""
     return status["chunk_bytes"]
@@ -82,6 +92,7 @@ def test_two_copies_store_once(run, tmp_path):
     assert st["logical_bytes"] == base["logical_bytes"]
     assert st["chunk_count"] == base["chunk_count"]
     assert stored_chunk_bytes(st) == stored_chunk_bytes(base)
+    settle(run)
     assert chunk_files_bytes(run.state_dir) == base_disk
 
 
@@ -95,6 +106,7 @@ def test_overwritten_large_file_releases_its_chunks(run, tmp_path):
     st = run.status()
     assert st["chunk_count"] == base["chunk_count"]
     assert stored_chunk_bytes(st) == stored_chunk_bytes(base)
+    settle(run)
     assert chunk_files_bytes(run.state_dir) == base_disk
     assert st["logical_bytes"] - base["logical_bytes"] == 6
 

@@ -13,11 +13,15 @@ import stat
 from pathlib import Path
 
 import pytest
+import trio
 
 from vfsd.content import HOT_REF, LOC_FILE
 from vfsd.filehash import bytes_hash
+from vfsd.fs import VfsdOperations
 from vfsd.fsck import fsck
-from vfsd.openfiles import OpenFiles
+from vfsd.openfiles import OpenFiles, prepare_blocks
+from vfsd.settle import Settler
+from vfsd.snapshots import Snapshots
 from vfsd.store import ROOT_INO, Store
 
 CS = 4096
@@ -126,6 +130,126 @@ def test_hot_blocks_survive_a_crash(tmp_path: Path) -> None:
         assert rep.clean, rep.problems
     finally:
         store.close()
+
+
+def test_going_hot_commits_a_pending_resize_with_it(tmp_path: Path) -> None:
+    """The record that marks a block hot carries the current size, so a grow or
+    shrink still buffered must commit with it: a grown file's short tail block
+    is stored again at its new length (else the file hash is wrong for good),
+    a shrunk file's dropped blocks go (else they come back after a crash)."""
+    store, files = open_store(tmp_path / "grow")
+    data = os.urandom(CS + CS // 2)
+    ino = new_file(store, data, files)
+    of = files.acquire(ino)
+    files.truncate(of, 3 * CS)
+    files.write(of, 10, b"zz")  # block 0 goes hot
+    want = bytearray(data + bytes(3 * CS - len(data)))
+    want[10:12] = b"zz"
+    files.settle_now(of)
+    files.release(of)
+    assert files.content_hash(ino) == bytes_hash(bytes(want), CS)
+    rep = fsck(store, verify=True)
+    assert rep.clean, rep.problems
+    store.close()
+
+    store, files = open_store(tmp_path / "shrink")
+    ino = new_file(store, os.urandom(3 * CS), files)
+    of = files.acquire(ino)
+    files.truncate(of, CS)
+    files.write(of, 10, b"zz")
+    assert store.block_map(ino).keys() == {0}
+    store.env.close()  # the daemon dies here
+    store, files = open_store(tmp_path / "shrink")
+    of = files.acquire(ino)
+    files.truncate(of, 3 * CS)
+    assert files.read(of, CS, 2 * CS) == bytes(2 * CS)
+    files.settle_now(of)
+    files.release(of)
+    assert fsck(store).clean
+    store.close()
+
+
+@pytest.mark.parametrize("change", ["rewrite", "shrink_and_grow"])
+def test_a_settle_never_commits_bytes_changed_after_it_read_them(vol, change) -> None:
+    """Settling reads a hot block in a worker thread, then commits on the loop
+    if nothing changed it meanwhile: a truncate (which forgot the block's write
+    count) followed by as many writes as before must still count as a change."""
+    store, files = vol
+    data = os.urandom(3 * CS)
+    ino = new_file(store, data, files)
+    of = files.acquire(ino)
+    files.write(of, CS + 5, b"old")
+    gens, extents, path = files.settle_plan(of)
+    prepared = prepare_blocks(store, path, extents, INLINE)  # the worker's read
+    if change == "rewrite":
+        files.truncate(of, CS)
+        new = os.urandom(2 * CS)
+        files.write(of, CS, new)
+        files.write(of, CS + 5, b"NEW")
+        want = data[:CS] + new[:5] + b"NEW" + new[8:]
+    else:
+        files.truncate(of, CS + 100)
+        files.truncate(of, 3 * CS)
+        want = data[:CS + 5] + b"old" + data[CS + 8:CS + 100] + bytes(2 * CS - 100)
+    files.commit_settled(of, gens, prepared)
+    assert files.read(of, 0, 3 * CS) == want
+    files.settle_now(of)
+    files.release(of)
+    of = files.acquire(ino)
+    assert files.read(of, 0, 3 * CS) == want
+    files.release(of)
+
+
+def test_a_block_going_hot_again_after_a_restore_reads_zeros_past_its_end(vol) -> None:
+    """A settled block's bytes stay in the hot file; after a restore to a
+    shorter version, the block going hot again must not show them past its
+    end when the file grows."""
+    store, files = vol
+    snaps = Snapshots(store)
+    small = os.urandom(CS + CS // 2)
+    ino = new_file(store, small, files)
+    first = snaps.create()
+    of = files.acquire(ino)
+    files.write(of, 0, os.urandom(2 * CS))
+    files.write(of, CS + 5, b"hot")
+    files.settle_now(of)
+    for i in snaps.restore(first["id"])["inodes"]:
+        files.reload(i)
+    files.write(of, CS + 10, b"W")
+    files.write(of, CS + CS // 2 + 100, b"Z")
+    want = bytearray(small[CS:] + bytes(101))
+    want[10:11] = b"W"
+    want[CS // 2 + 100:] = b"Z"
+    assert files.read(of, CS, CS) == bytes(want)
+    files.release(of)
+
+
+def test_a_nameless_file_the_settler_holds_is_freed_when_it_lets_go(vol) -> None:
+    """The settler holds a handle while it hashes; if the file lost its last
+    name and every other handle meanwhile, its release is the last and must
+    free the inode (not leave it to the next start)."""
+    store, files = vol
+    ops = VfsdOperations(store, files)
+    settler = Settler(files)
+
+    async def main() -> int:
+        ino = store.create(ROOT_INO, b"x", stat.S_IFREG | 0o644, 0, 0).ino
+        of = files.acquire(ino)
+        files.write(of, 0, os.urandom(3 * CS))
+        files.write(of, CS + 1, b"h")
+        ops.lookups[ino] = 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(settler.settle_ino, ino)
+            await trio.sleep(0)  # the settle is in its worker thread now
+            await ops.unlink(ROOT_INO, b"x", None)
+            await ops.release(ino)
+            await ops.forget([(ino, 1)])
+        return ino
+
+    ino = trio.run(main)
+    assert ino not in files.files
+    assert store.orphans() == []
+    assert list(store.chunks.iter_all()) == []
 
 
 @pytest.mark.fuse

@@ -103,6 +103,9 @@ class ContentStore:
         # references on what it saw; `release_hold` deletes those still unused.
         self.holding = 0
         self.held: set[bytes] = set()
+        # Set by a store that defers chunk deletes to its next sync: called
+        # with digests whose files may go once the tombstones are durable.
+        self.doom = None
 
     # -------------------------------------------------------------- writing
 
@@ -263,12 +266,14 @@ class ContentStore:
         txn.put(digest, _RECORD.pack(n, size, loc), db=db)
 
     def release_hold(self, env_txn_factory) -> None:
-        """End a hold: delete what it kept that nothing references now."""
+        """End a hold: delete what it kept that nothing references now (chunk
+        files through `doom` when the store defers deletes to a sync)."""
         self.holding -= 1
         if self.holding or not self.held:
             return
         held, self.held = self.held, set()
         db = self.db["content"]
+        doomed = []
         with env_txn_factory(write=True) as txn:
             for digest in held:
                 raw = txn.get(digest, db=db)
@@ -277,11 +282,16 @@ class ContentStore:
                 if _RECORD.unpack(raw)[2] == LOC_LMDB:
                     txn.delete(digest, db=db)
                     txn.delete(digest, db=self.db["blob"])
+                    continue
+                remotestate.drop(txn, self.db, self._bump, digest)
+                if self.doom is not None:
+                    doomed.append(digest)  # a tombstone until then
                 else:
                     self.chunks.delete(digest)
                     txn.delete(digest, db=db)
-                    remotestate.drop(txn, self.db, self._bump, digest)
                     self.removed.append(digest)
+        if doomed:
+            self.doom(doomed)
 
     def apply(self, txn, deltas: Counter) -> list[bytes]:
         """Apply net reference changes {ref: +n/-n}; chunk digests freed.
@@ -299,15 +309,24 @@ class ContentStore:
                     freed.append(digest)
         return freed
 
-    def delete_unreferenced(self, env_txn, digests: list[bytes]) -> None:
-        """Delete chunk files whose count is still zero (called in a new write txn)."""
+    def delete_unreferenced(self, env_txn, digests: list[bytes]) -> int:
+        """Delete chunk files whose count is still zero (called in a new write
+        txn); how many went."""
         db = self.db["content"]
+        n = 0
         for digest in digests:
             raw = env_txn.get(digest, db=db)
-            if raw is not None and _RECORD.unpack(raw)[0] == 0:
+            if raw is not None and _RECORD.unpack(raw)[0] == 0 and digest not in self.held:
                 self.chunks.delete(digest)
                 env_txn.delete(digest, db=db)
                 self.removed.append(digest)
+                n += 1
+        return n
+
+    def tombstones(self, txn) -> list[bytes]:
+        """Chunk records at count zero: files a crash left waiting for deletion."""
+        return [bytes(k) for k, v in txn.cursor(db=self.db["content"])
+                if v[:8] == bytes(8) and _RECORD.unpack(v)[2] == LOC_FILE]
 
     # -------------------------------------------------------------- reading
 

@@ -427,6 +427,8 @@ class ControlServer:
 
     async def op_gc(self, req: dict) -> dict:
         if not _arg(req, "remote", bool, False):
+            # Tombstones go once durable (see `durability`): sync off the loop first.
+            await trio.to_thread.run_sync(self.store.sync)
             return self.store.gc_chunks()
         remote = self._remote()
         grace = _arg(req, "grace", (int, float), self.daemon.config.remote_gc_grace)

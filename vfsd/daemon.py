@@ -41,6 +41,11 @@ from .store import Store
 
 log = structlog.get_logger("vfsd.daemon")
 
+#: seconds between syncs of the store while anything waits for one
+SYNC_INTERVAL = 5.0
+#: seconds a sync waits after a delete, to cover a burst with one
+SYNC_BATCH_DELAY = 0.2
+
 
 class Daemon:
     """Everything one mounted run dir needs, wired together."""
@@ -117,7 +122,7 @@ class Daemon:
             raise StartupError(str(exc)) from None
         try:
             self.store = Store(self.store_dir, self.volume, chunk_size=self.config.chunk_size,
-                               inline_max=self.config.inline_max)
+                               inline_max=self.config.inline_max, defer_deletes=True)
         except StoreVersionError as exc:
             raise StartupError(str(exc)) from None
         self.run.record_store(self.store_dir, self.volume)
@@ -149,6 +154,10 @@ class Daemon:
         self.ops.evicted_names = self.evictor.take_invalidations
         self.ops.reserve_file = self.evictor.reserve_file
         self._catch_up_with_step()
+        # What a crash (or the start itself) left waiting for a sync goes now.
+        gone = self.store.finish_deletes()
+        if gone:
+            log.info("deletes_finished", files=gone)
         self.metrics = start_metrics_server(self, self.config.metrics_port)
 
     def _prepare_remote(self) -> None:
@@ -217,11 +226,39 @@ class Daemon:
             nursery.start_soon(self._fuse_main, nursery.cancel_scope)
             nursery.start_soon(self.ops.run_invalidator)
             nursery.start_soon(self.settler.run)
+            nursery.start_soon(self._sync_loop)
             nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
             await trio.sleep(0)
             ready()
             log.info("mounted", mountpoint=str(self.run.mountpoint), store=str(self.store_dir),
                      volume=self.volume, version=__version__, pid=os.getpid())
+
+    async def _sync_loop(self) -> None:
+        """Sync the store in a worker thread soon after something was freed
+        (files that were deleted or rewritten go once their records' change is
+        durable), and every SYNC_INTERVAL seconds while anything waits for
+        one, which bounds what a machine crash can take (see `durability`)."""
+        wake = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def doomed() -> None:
+            try:
+                token.run_sync_soon(wake.set)
+            except trio.RunFinishedError:
+                pass
+
+        self.store.durability.on_doomed = doomed
+        while True:
+            with trio.move_on_after(SYNC_INTERVAL):
+                await wake.wait()
+            await trio.sleep(SYNC_BATCH_DELAY)  # one sync for a burst of deletes
+            wake = trio.Event()
+            try:
+                if self.store.durability.pending():
+                    await trio.to_thread.run_sync(self.store.sync)
+                self.store.delete_synced(self.ops.files.files.__contains__)
+            except StoreError as exc:
+                log.error("sync_failed", error=str(exc))
 
     def _tune_readahead(self) -> None:
         """Let the kernel read ahead a whole chunk (it starts at 128 KiB).

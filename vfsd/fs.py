@@ -148,6 +148,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.xattr_reads = xattr_reads
         self.store = store
         self.files = openfiles
+        openfiles.on_closed = self._closed
         self.root = store.root_ino
         self.entry_timeout = entry_timeout
         self.durability = durability
@@ -309,6 +310,12 @@ class VfsdOperations(pyfuse3.Operations):
         """Entry reply that the kernel will hold a reference to."""
         self.lookups[inode.ino] = self.lookups.get(inode.ino, 0) + 1
         return self._entry(inode)
+
+    def _closed(self, inode) -> None:
+        """An inode's last handle went (a reader's, the settler's): free it if
+        it has no name and the kernel forgot it."""
+        if inode.nlink == 0:
+            self._maybe_free(inode.ino)
 
     def _maybe_free(self, *inos: int) -> None:
         """Free inodes with no names, no kernel references and no handles.
@@ -732,6 +739,7 @@ class VfsdOperations(pyfuse3.Operations):
         # (chunks, and the hot file through its own descriptor): a worker thread.
         hot = of.inode.ino if of.hot_file else None
         await trio.to_thread.run_sync(self._sync_now, digests, hot)
+        self.store.delete_synced(self.files.files.__contains__)
 
     def _sync_now(self, digests: list[bytes], hot: int | None = None) -> None:
         self.store.chunks.fsync(digests)
@@ -754,15 +762,12 @@ class VfsdOperations(pyfuse3.Operations):
             await self._make_durable(of)  # written through mmap after the last close()
         ino = of.inode.ino
         try:
-            self.files.release(of)
+            self.files.release(of)  # the last one frees a nameless inode (`_closed`)
         except Exception as exc:
             # close() has returned already: the log is the only place left to say it.
             log.error("commit_failed_data_lost", ino=ino, path=self.store.path_of(ino),
                       error=str(exc))
             raise
-        if of.handles <= 0:
-            if of.inode.nlink == 0:
-                self._maybe_free(ino)
 
 
     # ---------------------------------------------------------- directories
@@ -830,7 +835,9 @@ class VfsdOperations(pyfuse3.Operations):
 
     @_guard
     async def fsyncdir(self, fh, datasync):
+        # A sync point like any other: removals made durable free their files.
         await trio.to_thread.run_sync(self.store.sync)
+        self.store.delete_synced(self.files.files.__contains__)
 
     @_guard
     async def statfs(self, ctx):

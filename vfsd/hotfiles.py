@@ -76,16 +76,18 @@ class HotFiles:
             pass
 
     def fsync(self, vol: int, ino: int) -> None:
-        """Make the hot file durable (through its own descriptor: safe in a
-        worker thread while the loop uses the cached ones)."""
-        try:
-            fd = os.open(self.path(vol, ino), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Make the hot file and its name durable (through its own descriptors:
+        safe in a worker thread while the loop uses the cached ones)."""
+        path = self.path(vol, ino)
+        for target in (path, path.parent):
+            try:
+                fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def close(self, vol: int, ino: int) -> None:
         fd = self._fds.pop((vol, ino), None)
@@ -98,6 +100,14 @@ class HotFiles:
             os.unlink(self.path(vol, ino))
         except FileNotFoundError:
             pass
+
+    def inodes(self, vol: int) -> list[int]:
+        """Inode numbers that have a hot file in this volume."""
+        try:
+            names = os.listdir(self.root / str(vol))
+        except FileNotFoundError:
+            return []
+        return [int(n) for n in names if n.isdigit()]
 
     def exists(self, vol: int, ino: int) -> bool:
         return self.path(vol, ino).exists()

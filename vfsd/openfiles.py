@@ -19,6 +19,7 @@ The store does the transactions; this module decides what to commit and when.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 from . import errors, filehash
@@ -50,7 +51,7 @@ class OpenFile:
         self.version = 0                # bumped on every content change
         self.unsynced: set[bytes] = set()       # chunk files committed since last fsync
         self.hot: set[int] = {i for i, r in blocks.items() if is_hot(r)}
-        self.hot_gen: dict[int, int] = {}       # writes per hot block, to spot races
+        self.hot_gen: dict[int, int] = {}       # last change of each hot block, to spot races
         # Settled blocks whose bytes the hot file still holds: going hot
         # again costs no copy while the reference is the same.
         self.hot_valid: dict[int, bytes] = {}
@@ -83,6 +84,12 @@ class OpenFiles:
         # Called with an inode number when its last handle goes and hot blocks
         # remain (the daemon settles them in the background).
         self.on_hot_release = None
+        # Called with the inode after its last handle went (whoever held it:
+        # a reader, the settler): the daemon frees it if it has no name.
+        self.on_closed = None
+        # Write generations of hot blocks: one counter that never goes back, so
+        # a settle that read a block can tell any later change from none.
+        self._gens = itertools.count(1)
 
     # ------------------------------------------------------------ lifetime
 
@@ -118,8 +125,10 @@ class OpenFiles:
                     if of.inode.nlink > 0 and self.on_hot_release is not None:
                         self.on_hot_release(of.inode.ino)
                 elif of.hot_file:
-                    # Settled and closed: the copy it kept is of no use now.
-                    self.hot.delete(of.inode.vol, of.inode.ino)
+                    # Settled and closed: the copy it kept is of no use.
+                    self.store.retire_hot_file(of.inode.vol, of.inode.ino)
+                if self.on_closed is not None:
+                    self.on_closed(of.inode)
 
     def names_changed(self, stored: Inode) -> None:
         """Take link count and ctime from the store after a namespace change."""
@@ -152,6 +161,7 @@ class OpenFiles:
             blocks = self.store.block_map(ino) if of.inode.is_reg else {}
         of.blocks = {i: r for i, r in blocks.items() if not is_hot(r)}
         of.hot = {i for i, r in blocks.items() if is_hot(r)}
+        of.hot_gen = {i: next(self._gens) for i in of.hot}
         of.committed_size = of.inode.size
         of.version += 1
 
@@ -263,10 +273,20 @@ class OpenFiles:
 
     def _go_hot(self, of: OpenFile, idx: int) -> None:
         """Move a committed block's bytes to the hot file and mark it hot."""
-        ref = of.blocks[idx]
+        # The marker's commit records the current size: pending truncates and
+        # tail padding must commit with it (or before), never be left behind.
+        if of.is_dirty:
+            self.flush(of)
+        ref = of.blocks.get(idx)
+        if ref is None or ref_loc(ref) != LOC_FILE:
+            return  # re-stored by that flush: the write buffers it instead
+        vol, ino = of.inode.vol, of.inode.ino
         if of.hot_valid.get(idx) != ref:
             data = self.store.read_block(ref, 0, self.cs)
-            self.hot.write(of.inode.vol, of.inode.ino, idx * self.cs, data)
+            # The whole block's range: past a short last block the hot file
+            # must read as zeros, whatever an earlier use left there.
+            self.hot.write(vol, ino, idx * self.cs, data.ljust(self.cs, b"\0"))
+            self.store.durability.hot_copied(vol, ino)
         # The marker commits before the first write lands in the hot file, so
         # after a crash the hot file holds the block (old or new bytes).
         committed, _ = self.store.commit_content(of.inode, hot=[idx], hot_after=True,
@@ -275,7 +295,7 @@ class OpenFiles:
         of.hot_valid.pop(idx, None)
         of.hot.add(idx)
         of.hot_file = True
-        of.hot_gen[idx] = of.hot_gen.get(idx, 0) + 1
+        of.hot_gen[idx] = next(self._gens)
         self._adopt(of, committed)
 
     def hot_digests(self, of: OpenFile) -> dict[int, bytes | None]:
@@ -348,7 +368,7 @@ class OpenFiles:
                 self._go_hot(of, idx)
             if idx in of.hot:
                 self.hot.write(vol, ino, pos, view[:n])
-                of.hot_gen[idx] = of.hot_gen.get(idx, 0) + 1
+                of.hot_gen[idx] = next(self._gens)
                 pos += n
                 view = view[n:]
                 continue
@@ -397,6 +417,11 @@ class OpenFiles:
     def truncate(self, of: OpenFile, size: int) -> None:
         cs = self.cs
         inode = of.inode
+        # Hot blocks from the old or new end on change bytes or extent: a
+        # settle that read them before must not commit what it read.
+        for idx in of.hot:
+            if idx >= min(size, inode.size) // cs:
+                of.hot_gen[idx] = next(self._gens)
         if size < inode.size:
             keep = -(-size // cs)  # blocks that still hold data
             for idx in [i for i in of.dirty if i >= keep]:

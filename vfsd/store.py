@@ -38,8 +38,9 @@ Schema version 2. Integers are big-endian, so range scans run in order;
             a record with refcount > 0 names an object that is present, in
             `blob` (location LMDB) or as a chunk file (location FILE). A FILE
             record with refcount 0 is a tombstone waiting for its file to be
-            deleted and counts as absent; LMDB records go with their last
-            reference. References are held by live blocks and snapshot entries.
+            deleted (once the change that freed it is synced, see
+            `durability`) and counts as absent; LMDB records go with their
+            last reference. References are held by live blocks and snapshot entries.
 `blob`      digest -> bytes of a small (inline) object.
 `xattr`     vi + name -> value.
 `bystep`    vol u32 + step u64 + ino u64 -> b"", every regular file with a
@@ -79,6 +80,7 @@ from . import DEFAULT_INLINE_MAX, LMDB_MAP_SIZE, compact, errors, filehash
 from .chunks import ChunkStore, chunk_hash
 from .content import HOT_REF, ContentStore, is_hot, ref_digest
 from .content import all_zero as content_all_zero
+from .durability import Batch, Ledger
 from .eventlog import EventLog
 from .hotfiles import HotFiles
 from .inode import STATUS_DONE, Inode
@@ -164,6 +166,7 @@ class _Txn:
             raise translate(err) from err
         if not self.write:
             return False
+        st.durability.committed()
         if st._pending_marks:
             if st.dirty_since is None:
                 st.dirty_since = time.time()
@@ -174,6 +177,8 @@ class _Txn:
         content = getattr(st, "content", None)
         if content is not None and (content.created or content.removed):
             made, gone, content.created, content.removed = content.created, content.removed, [], []
+            if made:
+                st.durability.chunks_made(d for d, _ in made)
             if st.on_chunk_files is not None:
                 st.on_chunk_files(made, gone)
         return False
@@ -202,9 +207,14 @@ class Store(NamespaceMixin, XattrMixin):
         chunk_size: int | None = None,
         inline_max: int = DEFAULT_INLINE_MAX,
         incomplete_ok: bool = False,
+        defer_deletes: bool = False,
     ) -> None:
         self.dir = Path(store_dir)
         self.readonly = readonly
+        # Files before records, records before deletes (see `durability`). The
+        # daemon defers deletes to after a sync; one-shot tools delete at once.
+        self.durability = Ledger()
+        self.defer_deletes = defer_deletes
         # Snapshot change tracking: keys marked in committed transactions since
         # the last snapshot, and those of the transaction in progress.
         self.tracking = False
@@ -244,6 +254,8 @@ class Store(NamespaceMixin, XattrMixin):
         self.hot = HotFiles(self.dir / "hot")
         self._hot_gone: list[int] = []
         self.content = ContentStore(self.db, self.chunks, self._bump, inline_max)
+        if self.defer_deletes:
+            self.content.doom = self.durability.doom_chunks
         self.logs = EventLog(self)
         self._deltas: dict[bytes, int] | None = None
         self.volume = volume or "default"
@@ -504,6 +516,9 @@ class Store(NamespaceMixin, XattrMixin):
         self.content.inline_max = value
 
     def close(self) -> None:
+        if self.defer_deletes and not self.readonly:
+            self.sync()
+            self.delete_synced()
         self.chunks.close()
         self.env.close()
         self._release_hold()
@@ -514,11 +529,84 @@ class Store(NamespaceMixin, XattrMixin):
             self._hold = None
 
     def sync(self) -> None:
-        """Flush committed transactions to disk."""
-        try:
-            self.env.sync(True)
-        except lmdb.Error as exc:
-            raise translate(exc) from exc
+        """Make committed transactions durable, after the files they name
+        (safe in a worker thread; see `durability`)."""
+        led = self.durability
+        with led.sync_lock:
+            batch = led.take()
+            try:
+                self._sync_files(batch)
+                for _ in range(3):  # what commits made meanwhile, a few rounds
+                    late = led.take()
+                    batch.merge(late)
+                    if not late.has_files():
+                        break
+                    self._sync_files(late)
+                try:
+                    self.env.sync(True)
+                except lmdb.Error as exc:
+                    raise translate(exc) from exc
+            except BaseException:
+                led.give_back(batch)
+                raise
+            # Commits that landed during LMDB's sync may be durable now: their
+            # files follow at once; what they freed waits for the next sync.
+            after = led.take()
+            self._sync_files(after)
+            led.give_back(Batch(doomed=after.doomed, doomed_hot=after.doomed_hot,
+                                commits=after.commits))
+        led.synced(batch)
+
+    def retire_hot_file(self, vol: int, ino: int) -> None:
+        """A hot file no record names any more: deleted now, or in the daemon
+        once that change is durable."""
+        if self.defer_deletes:
+            self.durability.doom_hot(vol, ino)
+        else:
+            self.hot.delete(vol, ino)
+
+    def finish_deletes(self) -> int:
+        """At start: delete what a crash left waiting for a sync (chunk
+        tombstones, this volume's hot files no record names). The sync first
+        makes the records that stopped naming them durable."""
+        self.sync()
+        with self.txn() as txn:
+            tombs = self.content.tombstones(txn)
+        gone = 0
+        if tombs:
+            with self.txn(write=True) as txn:
+                gone += self.content.delete_unreferenced(txn, tombs)
+        hot = set(self.hot_inodes())
+        for ino in self.hot.inodes(self.vol):
+            if ino not in hot:
+                self.hot.delete(self.vol, ino)
+                gone += 1
+        return gone
+
+    def _sync_files(self, batch: Batch) -> None:
+        if batch.chunks:
+            self.chunks.fsync(sorted(batch.chunks))
+        for vol, ino in batch.hot:
+            self.hot.fsync(vol, ino)
+
+    def delete_synced(self, in_use=None) -> int:
+        """Delete the chunk and hot files that durable records no longer name
+        (on the thread that commits). `in_use(ino)`: an open inode of this
+        volume, whose hot file stays. Returns how many files went."""
+        doomed, doomed_hot = self.durability.take_ready()
+        gone = 0
+        if doomed:
+            with self.txn(write=True) as txn:
+                gone += self.content.delete_unreferenced(txn, doomed)
+        for vol, ino in doomed_hot:
+            if vol == self.vol and in_use is not None and in_use(ino):
+                continue  # open again: its hot file is its own business
+            with self.txn() as txn:
+                if txn.get(_VI.pack(vol, ino), db=self.db["hotino"]) is not None:
+                    continue  # hot again
+            self.hot.delete(vol, ino)
+            gone += 1
+        return gone
 
     # -------------------------------------------------------------- counters
 
@@ -918,8 +1006,12 @@ class Store(NamespaceMixin, XattrMixin):
                     break
 
     def _delete_unreferenced(self, digests: list[bytes]) -> None:
-        """Delete chunk files whose refcount is still zero (tombstones)."""
+        """Delete chunk files whose refcount is still zero (tombstones): at
+        once in one-shot tools, after the next sync in the daemon."""
         if not digests:
+            return
+        if self.defer_deletes:
+            self.durability.doom_chunks(digests)
             return
         with self.txn(write=True) as txn:
             self.content.delete_unreferenced(txn, digests)
@@ -991,8 +1083,15 @@ class Store(NamespaceMixin, XattrMixin):
     # ----------------------------------------------------------- maintenance
 
     def gc_chunks(self, min_temp_age_s: float = 60.0) -> dict[str, int]:
-        """Delete chunk files no record references, tombstones and old temporaries."""
+        """Delete chunk files no record references, tombstones and old temporaries.
+
+        Only records made durable by a sync may lose their files: the daemon
+        syncs before it calls this; one-shot tools sync here.
+        """
         from .content import LOC_FILE, unpack_record
+
+        if not self.defer_deletes:
+            self.sync()
 
         removed = tomb = temps = 0
         with self.txn(write=True) as txn:
