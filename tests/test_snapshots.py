@@ -162,6 +162,35 @@ def test_bad_snapshot_ids_get_clear_errors(run, bad: str) -> None:
     assert "snapshot" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_big_directories_list_right_in_every_snapshot(run) -> None:
+    """Listings of snapshot directories are kept between readdir calls (a
+    big directory takes many): interleaved across more snapshots than are
+    kept, each must list exactly its own entries."""
+    big = run.root / "big"
+    big.mkdir()
+    expected = {}
+    names: set[str] = set()
+    for round_ in range(6):
+        for i in range(500):
+            name = f"r{round_}-{i:04d}"
+            (big / name).write_bytes(b"")
+            names.add(name)
+        if round_:
+            gone = sorted(names)[::7]
+            for name in gone:
+                (big / name).unlink()
+            names -= set(gone)
+        expected[snap(run)] = set(names)
+    view = run.root / ".vfsd" / "snapshots"
+    for _ in range(2):
+        for ident, want in expected.items():
+            with os.scandir(view / ident / "big") as it:
+                assert {e.name for e in it} == want, ident
+    first = next(iter(expected))
+    vfsd_cli("snapshot-delete", run.run_dir, first)
+    assert not (view / first / "big").exists()
+
+
 def test_deleted_snapshot_says_why(run) -> None:
     (run.root / "f").write_text("1")
     s = snap(run)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import itertools
 import stat
+from collections import OrderedDict
 
 import pyfuse3
 
@@ -29,6 +30,9 @@ SNAP_BASE = ctldir.BASE + (1 << 60)
 SLOT_BITS = 20
 #: file handles of snapshot files (the control directory's count up from BASE)
 FH_BASE = SNAP_BASE
+#: directory listings kept: `ls` of a big directory takes many readdir calls,
+#: each of which would otherwise list the whole directory again
+LISTINGS_KEPT = 4
 
 
 def is_snap(ino: int) -> bool:
@@ -45,6 +49,9 @@ class SnapshotView:
         self.slots: dict[int, int] = {}  # slot -> seq
         self.handles: dict[int, tuple[int, object]] = {}  # fh -> (seq, entry)
         self._fh = itertools.count(FH_BASE + 1)
+        # (seq, ino) -> [(name, child)]: a snapshot never changes, so a
+        # listing stays right until the snapshot goes.
+        self._listings: OrderedDict[tuple[int, int], list] = OrderedDict()
 
     # ------------------------------------------------------------ numbering
 
@@ -69,6 +76,8 @@ class SnapshotView:
         slot = seq & ((1 << SLOT_BITS) - 1)
         if self.slots.get(slot) == seq:
             del self.slots[slot]
+        for key in [k for k in self._listings if k[0] == seq]:
+            del self._listings[key]
 
     # ------------------------------------------------------------ attributes
 
@@ -120,17 +129,30 @@ class SnapshotView:
 
     def readdir(self, fuse_ino: int, start: int, token) -> None:
         if fuse_ino == DIR_INO:
-            items = [(s["id"].encode(), s["seq"], ROOT_INO) for s in self.snaps.list()]
+            snaps = [(s["id"].encode(), s["seq"], ROOT_INO) for s in self.snaps.list()]
+            items = iter(snaps[start:])
         else:
             seq, ino = self._decode(fuse_ino)
-            items = [(name, seq, child) for name, child in self.snaps.readdir(seq, ino)]
-        for i, (name, seq, child) in enumerate(items[start:], start):
+            items = ((name, seq, child) for name, child in
+                     itertools.islice(self._listing(seq, ino), start, None))
+        for i, (name, seq, child) in enumerate(items, start):
             try:
                 entry = self._entry(seq, child)
             except pyfuse3.FUSEError:
                 continue
             if not pyfuse3.readdir_reply(token, name, entry, i + 1):
                 return
+
+    def _listing(self, seq: int, ino: int) -> list[tuple[bytes, int]]:
+        key = (seq, ino)
+        items = self._listings.get(key)
+        if items is None:
+            items = self._listings[key] = self.snaps.readdir(seq, ino)
+            while len(self._listings) > LISTINGS_KEPT:
+                self._listings.popitem(last=False)
+        else:
+            self._listings.move_to_end(key)
+        return items
 
     def readlink(self, fuse_ino: int) -> bytes:
         got = self.snaps.inode_at(*self._decode(fuse_ino))
