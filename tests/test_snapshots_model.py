@@ -346,3 +346,35 @@ def test_first_snapshot_in_steps_is_the_tree_at_its_start(tmp_path) -> None:
         assert fsck(store, verify=True).clean
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["one-shot", "daemon"])
+def test_entries_of_an_interrupted_first_snapshot_free_their_content(tmp_path, defer):
+    """A first snapshot cut short leaves entries that hold references; the
+    next first snapshot drops them, and content only they held must go
+    (it used to stay until the next start)."""
+    store = Store(tmp_path / "store", chunk_size=CS, defer_deletes=defer)
+    files = OpenFiles(store, chunk_size=CS, inline_max=INLINE)
+    snaps = Snapshots(store, keep_last=5, keep_steps=0)
+    try:
+        ino = store.create(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0).ino
+        of = files.acquire(ino)
+        files.write(of, 0, os.urandom(4 * CS))
+        files.release(of)
+        view = snaps.first_begin()
+        items, _ = snaps.first_read(view, None, 1000)
+        snaps.first_write(items)
+        snaps.first_abort(view)  # the entries stay, as after a crash
+        store.free_inode(store.unlink(ROOT_INO, b"f").ino)
+        assert len(list(store.chunks.iter_all())) == 4  # the stale entries hold them
+
+        view = snaps.first_begin()
+        items, _ = snaps.first_read(view, None, 1000)
+        snaps.first_write(items)
+        snaps.first_finish(view, written=len(items), pinned=False, label="")
+        store.sync()
+        store.delete_synced()
+        assert list(store.chunks.iter_all()) == []
+        assert fsck(store).clean
+    finally:
+        store.close()

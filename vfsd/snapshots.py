@@ -270,17 +270,19 @@ class Snapshots:
         with st.txn(write=True) as txn:
             if self._meta(txn, b"snap_seq"):
                 raise SnapshotError("the volume already has snapshots")
-            self._drop_stale_entries(txn)
+            freed = self._drop_stale_entries(txn)
             self._clear_dirty(txn)
             st.set_base(txn)
+        st._delete_unreferenced(freed)
         st.forget_marks()
         st.tracking = True
         st.base_set()  # the first change from here on says so (`base_changed`)
         st.content.holding += 1
         return st.env.begin()
 
-    def _drop_stale_entries(self, txn) -> None:
-        """Entries of a first snapshot that a crash interrupted: nobody reads them."""
+    def _drop_stale_entries(self, txn) -> list[bytes]:
+        """Entries of a first snapshot that a crash interrupted: nobody reads
+        them. Returns the chunks only they held."""
         refs: Counter = Counter()
         vb = self._vb
         cur = txn.cursor(db=self.db["sver"])
@@ -295,7 +297,7 @@ class Snapshots:
             while cur.key()[:4] == vb:
                 if not cur.delete() or not cur.key():
                     break
-        self.store.content.apply(txn, refs)
+        return self.store.content.apply(txn, refs)
 
     def first_read(self, view, after, limit: int):
         """Up to `limit` (okey, value) of the view, and where to resume (None:
