@@ -291,3 +291,38 @@ def test_sqlite_on_the_mount_with_a_snapshot_taken_while_it_is_open(run) -> None
     run.umount()
     proc = vfsd_cli("fsck", run.run_dir, "--json", check=False)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_hash_of_an_open_hot_file_follows_every_change(vol, monkeypatch) -> None:
+    """Hot blocks are hashed again only when written, truncated or re-read
+    from the store; every change still shows in the file hash."""
+    store, files = vol
+    data = bytearray(os.urandom(4 * CS))
+    ino = new_file(store, bytes(data), files)
+    of = files.acquire(ino)
+    for idx in range(4):
+        files.write(of, idx * CS + 7, b"hot")
+        data[idx * CS + 7:idx * CS + 10] = b"hot"
+    assert of.hot == {0, 1, 2, 3}
+    reads = []
+    real_read = store.hot.read
+    monkeypatch.setattr(store.hot, "read", lambda *a: reads.append(a) or real_read(*a))
+
+    assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
+    assert len(reads) == 4
+    assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
+    assert len(reads) == 4  # nothing changed: nothing read
+
+    files.write(of, 2 * CS + 100, b"again")
+    data[2 * CS + 100:2 * CS + 105] = b"again"
+    assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
+    assert len(reads) == 5  # only the written block
+
+    files.truncate(of, 3 * CS + 10)  # the last block shrinks, block 3 keeps 10 bytes
+    del data[3 * CS + 10:]
+    assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
+    files.truncate(of, 4 * CS)  # and grows back as zeros
+    data += bytes(4 * CS - len(data))
+    assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
+    assert files.read(of, 0, len(data)) == bytes(data)
+    files.release(of)

@@ -34,7 +34,7 @@ class OpenFile:
 
     __slots__ = ("inode", "committed_size", "handles", "dirty", "attr_dirty", "blocks",
                  "drop_from", "version", "unsynced", "hot", "hot_gen", "hot_valid",
-                 "hot_file", "content_dirty")
+                 "hot_file", "content_dirty", "hot_hashes")
 
     def __init__(self, inode: Inode, blocks: dict[int, bytes]) -> None:
         self.inode = inode
@@ -56,6 +56,9 @@ class OpenFile:
         # again costs no copy while the reference is the same.
         self.hot_valid: dict[int, bytes] = {}
         self.hot_file = bool(self.hot)  # a hot file may exist for this inode
+        # idx -> (generation, extent, digest) of the last hash of a hot block:
+        # a file hash then reads only the hot blocks written since.
+        self.hot_hashes: dict[int, tuple[int, int, bytes | None]] = {}
 
     @property
     def is_dirty(self) -> bool:
@@ -151,6 +154,7 @@ class OpenFiles:
         of.attr_dirty = of.content_dirty = False
         of.hot_valid.clear()
         of.hot_gen.clear()
+        of.hot_hashes.clear()
         try:
             of.inode = self.store.get_inode(ino)
         except errors.NotFound:
@@ -299,13 +303,24 @@ class OpenFiles:
         self._adopt(of, committed)
 
     def hot_digests(self, of: OpenFile) -> dict[int, bytes | None]:
-        """Digest of each hot block (None: all zeros), hashed from the hot file."""
+        """Digest of each hot block (None: all zeros), hashed from the hot file
+        unless it was hashed at its current write generation and extent."""
         out = {}
+        known = of.hot_hashes
+        for idx in [i for i in known if i not in of.hot]:
+            del known[idx]
         for idx in sorted(of.hot):
             n = min(self.cs, of.inode.size - idx * self.cs)
-            if n > 0:
-                data = self.hot.read(of.inode.vol, of.inode.ino, idx * self.cs, n)
-                out[idx] = None if all_zero(data) else chunk_hash(data)
+            if n <= 0:
+                continue
+            gen = of.hot_gen.get(idx, 0)
+            got = known.get(idx)
+            if got is not None and got[0] == gen and got[1] == n:
+                out[idx] = got[2]
+                continue
+            data = self.hot.read(of.inode.vol, of.inode.ino, idx * self.cs, n)
+            out[idx] = None if all_zero(data) else chunk_hash(data)
+            known[idx] = (gen, n, out[idx])
         return out
 
     def settle_plan(self, of: OpenFile) -> tuple[dict[int, int], dict[int, int], object]:
