@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import json
 import os
 import random
 import stat
@@ -521,6 +522,28 @@ def test_xattrs_with_tools_and_os(xattr_run):
     assert os.getxattr(root / "d/alias", "user.big") == big
     os.rename(f, root / "moved")
     assert os.getxattr(root / "moved", "user.big") == big
+
+
+def test_hash_of_a_file_written_in_place_while_open(xattr_run):
+    """A database-like file: pages rewritten in place (hot blocks, hashed in
+    a worker thread) while open; its hash must follow every write."""
+    root = xattr_run.root
+    data = bytearray(random_bytes(3 * CHUNK, seed=12))
+    (root / "db").write_bytes(bytes(data))
+    fd = os.open(root / "db", os.O_RDWR)
+    try:
+        for i, off in enumerate([CHUNK + 4096, 2 * CHUNK + 10, CHUNK + 8192, CHUNK + 4096]):
+            page = random_bytes(100, seed=20 + i)
+            os.pwrite(fd, page, off)
+            data[off:off + 100] = page
+            os.fsync(fd)
+            assert os.getxattr(root / "db", "user.vfsd.hash").decode() == content_hash(
+                bytes(data)), i
+            ref = json.loads(xattr_run.cli("ref", str(xattr_run.run_dir), "db").stdout)
+            assert ref["hash"] == content_hash(bytes(data))
+    finally:
+        os.close(fd)
+    assert os.getxattr(root / "db", "user.vfsd.hash").decode() == content_hash(bytes(data))
 
 
 def test_vfsd_xattrs(xattr_run):

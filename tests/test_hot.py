@@ -19,6 +19,7 @@ from vfsd.content import HOT_REF, LOC_FILE
 from vfsd.filehash import bytes_hash
 from vfsd.fs import VfsdOperations
 from vfsd.fsck import fsck
+from vfsd import openfiles
 from vfsd.openfiles import OpenFiles, prepare_blocks
 from vfsd.settle import Settler
 from vfsd.snapshots import Snapshots
@@ -305,8 +306,9 @@ def test_hash_of_an_open_hot_file_follows_every_change(vol, monkeypatch) -> None
         data[idx * CS + 7:idx * CS + 10] = b"hot"
     assert of.hot == {0, 1, 2, 3}
     reads = []
-    real_read = store.hot.read
-    monkeypatch.setattr(store.hot, "read", lambda *a: reads.append(a) or real_read(*a))
+    real_hash = openfiles.hash_hot_blocks
+    monkeypatch.setattr(openfiles, "hash_hot_blocks",
+                        lambda cs, path, plan: reads.extend(plan) or real_hash(cs, path, plan))
 
     assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
     assert len(reads) == 4
@@ -325,4 +327,34 @@ def test_hash_of_an_open_hot_file_follows_every_change(vol, monkeypatch) -> None
     data += bytes(4 * CS - len(data))
     assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
     assert files.read(of, 0, len(data)) == bytes(data)
+    files.release(of)
+
+
+def test_hot_blocks_hashed_off_the_loop_keep_only_what_is_current(vol, monkeypatch) -> None:
+    """The daemon hashes hot blocks in a worker thread before a file hash; a
+    block written (or cut) while the thread read it is hashed again, the
+    others are not."""
+    store, files = vol
+    data = bytearray(os.urandom(3 * CS))
+    ino = new_file(store, bytes(data), files)
+    of = files.acquire(ino)
+    for idx in range(3):
+        files.write(of, idx * CS + 1, b"h")
+        data[idx * CS + 1] = ord("h")
+    path, plan = files.hot_hash_plan(of)
+    assert [idx for idx, _, _ in plan] == [0, 1, 2]
+    hashed = openfiles.hash_hot_blocks(CS, path, plan)  # as the worker thread does
+    files.write(of, CS + 5, b"raced")  # lands before the loop adopts the result
+    data[CS + 5:CS + 10] = b"raced"
+    files.truncate(of, 2 * CS + 100)
+    del data[2 * CS + 100:]
+    files.adopt_hot_hashes(of, hashed)
+    assert sorted(of.hot_hashes) == [0]
+
+    reads = []
+    real_hash = openfiles.hash_hot_blocks
+    monkeypatch.setattr(openfiles, "hash_hot_blocks",
+                        lambda cs, path, plan: reads.extend(plan) or real_hash(cs, path, plan))
+    assert files.content_hash(ino) == bytes_hash(bytes(data), CS)
+    assert [idx for idx, _, _ in reads] == [1, 2]
     files.release(of)

@@ -359,13 +359,15 @@ class ControlServer:
     def op_evict(self, req: dict) -> dict:
         return self.evictor.run(dry_run=_arg(req, "dry_run", bool, False))
 
-    def op_ref(self, req: dict) -> dict:
-        inode = self._inode_for(req)
-        return self.file_ref(inode.ino)
+    async def op_ref(self, req: dict) -> dict:
+        await self.ops.hash_hot_blocks(self._inode_for(req).ino)
+        # Looked up again: the name may have changed while the thread hashed.
+        return self.file_ref(self._inode_for(req).ino)
 
-    def op_resolve(self, req: dict) -> dict:
+    async def op_resolve(self, req: dict) -> dict:
         ref = _arg(req, "ref", dict)
         ino, gen = _arg(ref, "ino", int), _arg(ref, "gen", int)
+        await self.ops.hash_hot_blocks(ino)  # first: what follows must not await
         try:
             inode = self.store.get_inode(ino)
         except errors.NotFound:

@@ -24,7 +24,7 @@ import trio
 
 from . import ctldir, errors, snapview
 from .inode import STATUS_BY_NAME, STATUS_NAMES, Inode
-from .openfiles import OpenFiles
+from .openfiles import OpenFiles, hash_hot_blocks
 from .store import Store, now_ns
 
 log = structlog.get_logger("vfsd.fs")
@@ -453,6 +453,22 @@ class VfsdOperations(pyfuse3.Operations):
                     return self._entry(current)
             return self._entry(self.set_attrs(ino, **changes))
         return self._entry(self._attrs(ino))
+
+    async def hash_hot_blocks(self, ino: int) -> None:
+        """Hash an open file's hot blocks in a worker thread, so that the file
+        hash that follows on the loop reads none (or only those written
+        meanwhile): a big database being written can have a GiB of them."""
+        of = self.files.get(ino)
+        if of is None or not of.hot:
+            return
+        path, plan = self.files.hot_hash_plan(of)
+        if not plan:
+            return
+        try:
+            hashed = await trio.to_thread.run_sync(hash_hot_blocks, self.files.cs, path, plan)
+        except OSError:
+            return  # settled and gone meanwhile: the hash reads what is there now
+        self.files.adopt_hot_hashes(of, hashed)
 
     def set_attrs(self, ino: int, **changes) -> Inode:
         """Change attributes in the store and in the open file, if any; the result.
@@ -887,6 +903,7 @@ class VfsdOperations(pyfuse3.Operations):
                 if name == b"user.vfsd.pin":
                     return b"1" if rec.pinned else b"0"
                 if name == b"user.vfsd.hash":
+                    await self.hash_hot_blocks(ino)
                     return self.files.content_hash(ino).hex().encode()
                 if name == b"user.vfsd.tier":
                     return b"inline" if rec.size <= self.files.inline_max else b"chunked"

@@ -305,23 +305,33 @@ class OpenFiles:
     def hot_digests(self, of: OpenFile) -> dict[int, bytes | None]:
         """Digest of each hot block (None: all zeros), hashed from the hot file
         unless it was hashed at its current write generation and extent."""
-        out = {}
         known = of.hot_hashes
         for idx in [i for i in known if i not in of.hot]:
             del known[idx]
+        path, plan = self.hot_hash_plan(of)
+        if plan:
+            self.adopt_hot_hashes(of, hash_hot_blocks(self.cs, path, plan))
+        return {idx: known[idx][2] for idx in sorted(of.hot) if idx in known}
+
+    def hot_hash_plan(self, of: OpenFile) -> tuple[object, list[tuple[int, int, int]]]:
+        """(hot file path, [(idx, generation, extent)]) of the hot blocks a
+        file hash would have to read: `hash_hot_blocks` reads them anywhere,
+        `adopt_hot_hashes` keeps what is still current (on the loop)."""
+        plan = []
         for idx in sorted(of.hot):
             n = min(self.cs, of.inode.size - idx * self.cs)
-            if n <= 0:
-                continue
             gen = of.hot_gen.get(idx, 0)
-            got = known.get(idx)
-            if got is not None and got[0] == gen and got[1] == n:
-                out[idx] = got[2]
-                continue
-            data = self.hot.read(of.inode.vol, of.inode.ino, idx * self.cs, n)
-            out[idx] = None if all_zero(data) else chunk_hash(data)
-            known[idx] = (gen, n, out[idx])
-        return out
+            got = of.hot_hashes.get(idx)
+            if n > 0 and (got is None or got[:2] != (gen, n)):
+                plan.append((idx, gen, n))
+        return self.hot.path(of.inode.vol, of.inode.ino), plan
+
+    def adopt_hot_hashes(self, of: OpenFile, hashed: dict) -> None:
+        """Keep the digests of blocks not written or resized since they were read."""
+        for idx, (gen, n, digest) in hashed.items():
+            if idx in of.hot and of.hot_gen.get(idx, 0) == gen \
+                    and n == min(self.cs, of.inode.size - idx * self.cs):
+                of.hot_hashes[idx] = (gen, n, digest)
 
     def settle_plan(self, of: OpenFile) -> tuple[dict[int, int], dict[int, int], object]:
         """What settling reads: (write generations, extents, hot file path).
@@ -541,6 +551,22 @@ class OpenFiles:
         if not inode.is_reg:
             raise errors.InvalidArgument("not a regular file")
         return self.store.file_hash(inode.size, self.store.block_map(ino), ino)
+
+
+def hash_hot_blocks(cs: int, hot_path, plan: list[tuple[int, int, int]]) -> dict:
+    """idx -> (generation, extent, digest or None for zeros) of the planned hot
+    blocks (safe in a worker thread: own descriptor; a block written
+    meanwhile is caught by `OpenFiles.adopt_hot_hashes`)."""
+    out = {}
+    fd = os.open(hot_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for idx, gen, n in plan:
+            data = os.pread(fd, n, idx * cs)
+            data = data if len(data) == n else data.ljust(n, b"\0")
+            out[idx] = (gen, n, None if all_zero(data) else chunk_hash(data))
+    finally:
+        os.close(fd)
+    return out
 
 
 def prepare_blocks(store: Store, hot_path, extents: dict[int, int],
