@@ -63,6 +63,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -331,6 +332,8 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             f"vfsd_run_scope_{id(self):x}", default=None
         )
         self._versions: OrderedDict[str, FilesVersion] = OrderedDict()
+        # Checkpoints waiting at an interrupt whose `put` has not run yet.
+        self._pin_on_put: set[str] = set()
         self._inner_task_path = _accepts_task_path(saver.put_writes)
         self._inner_atask_path = _accepts_task_path(saver.aput_writes)
 
@@ -664,6 +667,8 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         version = self._files_version(plan, checkpoint) if plan else None
         if version is not None:
             self._before_store(version)
+            with self._lock:  # before storing: its interrupt's writes may come first
+                self._remember(checkpoint["id"], version)
         stored = self.saver.put(config, checkpoint, self._metadata(metadata, version),
                                 new_versions)
         if plan is not None and version is not None:
@@ -685,6 +690,8 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         )
         if version is not None:
             await asyncio.to_thread(self._before_store, version)
+            with self._lock:  # before storing: its interrupt's writes may come first
+                self._remember(checkpoint["id"], version)
         stored = await self.saver.aput(
             config, checkpoint, self._metadata(metadata, version), new_versions
         )
@@ -786,9 +793,10 @@ class VfsdCheckpointer(BaseCheckpointSaver):
                 if self._unpublished and self._unpublished[0] == oldest:
                     self._unpublished.popleft()
 
-    def _sync(self, snapshot: str, *, tolerate_gone: bool = False) -> None:
+    def _sync(self, snapshot: str, *, tolerate_gone: bool = False,
+              timeout: float | None = None) -> None:
         try:
-            self.mount.sync(snapshot, timeout=self.sync_timeout)
+            self.mount.sync(snapshot, timeout=self.sync_timeout if timeout is None else timeout)
         except ControlError as exc:
             if tolerate_gone and exc.code == "not_publishable" and "deleted" in exc.message:
                 logger.warning("vfsd: %s; the checkpoints naming it cannot be resumed on "
@@ -802,17 +810,27 @@ class VfsdCheckpointer(BaseCheckpointSaver):
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every snapshot a stored checkpoint names is published
-        (`publish="behind"`); SnapshotNotPublished if one does not come in time."""
+        (`publish="behind"`); SnapshotNotPublished if they are not all in
+        within `timeout` seconds in total (default `sync_timeout`; this call's
+        only, later puts keep `sync_timeout`)."""
         if self._publish_mode() == "off":
             return
-        if timeout is not None:
-            self.sync_timeout = float(timeout)
+        timeout = self.sync_timeout if timeout is None else float(timeout)
+        if timeout <= 0:
+            raise ValueError(f"timeout must be a positive number, not {timeout!r}")
+        deadline = time.monotonic() + timeout
         while True:
             with self._lock:
                 if not self._unpublished:
                     return
                 oldest = self._unpublished[0]
-            self._sync(oldest, tolerate_gone=True)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                reason = f"flush's {timeout:g} s ran out before it was published"
+                raise SnapshotNotPublished(
+                    f"snapshot {oldest} is not published: {reason}", snapshot=oldest,
+                    reason=reason)
+            self._sync(oldest, tolerate_gone=True, timeout=left)
             with self._lock:
                 if self._unpublished and self._unpublished[0] == oldest:
                     self._unpublished.popleft()
@@ -847,14 +865,22 @@ class VfsdCheckpointer(BaseCheckpointSaver):
 
     def _after_put(self, plan: _PutPlan, checkpoint_id: str, version: FilesVersion) -> None:
         with self._lock:
-            self._remember(checkpoint_id, version)
             if plan.moves_position:
                 self._set_position(checkpoint_id, version)
-            passed = self._record.pins.pop(plan.parent_id, None) if plan.parent_id else None
-            if passed is not None:
-                self._record.save()
-        if passed is not None and not passed.get("was_pinned"):
-            self._unpin(passed["snapshot"])
+            passed = self._record.pins.get(plan.parent_id) if plan.parent_id else None
+            interrupted = checkpoint_id in self._pin_on_put
+        if passed is not None:
+            # Unpinned before the record forgets it: an interrupt in between
+            # leaves a record to release again (harmless), never a lost pin.
+            if not passed.get("was_pinned") and not self._pinned_by_record(
+                passed["snapshot"], besides=plan.parent_id
+            ):
+                self._unpin(passed["snapshot"])
+            with self._lock:
+                if self._record.pins.pop(plan.parent_id, None) is not None:
+                    self._record.save()
+        if interrupted:  # its interrupt's writes came first
+            self._pin_interrupt({"configurable": {"checkpoint_id": checkpoint_id}}, version)
 
     def put_writes(
         self,
@@ -868,7 +894,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             self.saver.put_writes(config, writes, task_id, task_path)
         else:
             self.saver.put_writes(config, writes, task_id)
-        if _has_interrupt(config, writes):
+        if _has_interrupt(config, writes) and not self._pin_when_known(config):
             self._pin_interrupt(config, self._version_of(config))
 
     async def aput_writes(
@@ -882,15 +908,35 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             await self.saver.aput_writes(config, writes, task_id, task_path)
         else:
             await self.saver.aput_writes(config, writes, task_id)
-        if _has_interrupt(config, writes):
+        if _has_interrupt(config, writes) and not await asyncio.to_thread(
+            self._pin_when_known, config
+        ):
             version = await self._aversion_of(config)
             await asyncio.to_thread(self._pin_interrupt, config, version)
+
+    def _pin_when_known(self, config: RunnableConfig) -> bool:
+        """Pin now if this wrapper's `put` has decided the checkpoint's files
+        (True); else mark it so that `put` pins it (False: the saver may hold it
+        already, written by another process). LangGraph sends a step's writes
+        without waiting for the `put` of their checkpoint, which itself waits
+        for the previous put."""
+        checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
+        if not checkpoint_id:
+            return True
+        with self._lock:
+            known = self._versions.get(checkpoint_id)
+            if known is None:
+                self._pin_on_put.add(checkpoint_id)
+                return False
+        self._pin_interrupt(config, known)
+        return True
 
     def _pin_interrupt(self, config: RunnableConfig, version: FilesVersion | None) -> None:
         checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
         if version is None or not checkpoint_id:
             return
         with self._lock:
+            self._pin_on_put.discard(checkpoint_id)
             if checkpoint_id in self._record.pins:
                 return
             try:
@@ -902,17 +948,38 @@ class VfsdCheckpointer(BaseCheckpointSaver):
                         version.snapshot,
                     )
                     return
-                was_pinned = bool(listed[version.snapshot].get("pinned"))
-                if not was_pinned:
-                    self.mount.pin_snapshot(version.snapshot, True)
+                # A pin one of our own records holds is ours to release, not the user's.
+                was_pinned = bool(listed[version.snapshot].get("pinned")) and not \
+                    self._pinned_by_record(version.snapshot)
             except ControlError as exc:
                 logger.warning("vfsd: could not pin %s: %s", version.snapshot, exc)
                 return
+            # Recorded before pinning: an interrupt (KeyboardInterrupt, a
+            # cancelled task's thread cut short) between the two then leaves a
+            # record whose release unpins, never a pin nothing releases.
             self._record.pins[checkpoint_id] = {
                 "snapshot": version.snapshot,
                 "was_pinned": was_pinned,
             }
             self._record.save()
+            if was_pinned:
+                return
+            try:
+                self.mount.pin_snapshot(version.snapshot, True)
+            except ControlError as exc:
+                logger.warning("vfsd: could not pin %s: %s", version.snapshot, exc)
+                del self._record.pins[checkpoint_id]
+                self._record.save()
+
+    def _pinned_by_record(self, snapshot_id: str, besides: str | None = None) -> bool:
+        """Whether a recorded interrupt pin (other than checkpoint `besides`'s)
+        pinned `snapshot_id`: two checkpoints may name one snapshot."""
+        with self._lock:
+            return any(
+                pin["snapshot"] == snapshot_id and not pin.get("was_pinned")
+                for checkpoint_id, pin in self._record.pins.items()
+                if checkpoint_id != besides
+            )
 
     def _unpin(self, snapshot_id: str) -> None:
         try:
@@ -936,12 +1003,14 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             self._reload()
             if self._record.thread != thread_id:
                 return
-            pins = list(self._record.pins.values())
+            # Unpinned first, then forgotten: an interrupt in between leaves
+            # the record, and the next release unpins again.
+            for pin in list(self._record.pins.values()):
+                if not pin.get("was_pinned"):
+                    self._unpin(pin["snapshot"])
             self._record.clear()
             self._versions.clear()
-        for pin in pins:
-            if not pin.get("was_pinned"):
-                self._unpin(pin["snapshot"])
+            self._pin_on_put.clear()
 
     # -- bookkeeping -------------------------------------------------------------------------------
 

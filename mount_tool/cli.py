@@ -1,6 +1,7 @@
 """`mount-tool`: the agent-side command line (mount a run dir, take and read refs).
 
-Exit codes: 0 ok, 1 usage or daemon error, 3 evicted, 4 stale ref, 5 missing.
+Exit codes: 0 ok, 1 usage or daemon error, 3 evicted, 4 stale ref, 5 missing,
+6 damaged (the store cannot serve the content: `vfsd fsck --verify`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import Any
 
 import click
 
-from .errors import ControlError, Evicted, Missing, MountError, StaleRef
+from .errors import ControlError, Damaged, Evicted, Missing, MountError, StaleRef
 from .mount import Mount, mount
 
-EXIT_EVICTED, EXIT_STALE, EXIT_MISSING = 3, 4, 5
+EXIT_EVICTED, EXIT_STALE, EXIT_MISSING, EXIT_DAMAGED = 3, 4, 5, 6
 
 
 def _print_json(value: Any) -> None:
@@ -148,11 +149,12 @@ class _attached:
             (Evicted, EXIT_EVICTED),
             (StaleRef, EXIT_STALE),
             (Missing, EXIT_MISSING),
+            (Damaged, EXIT_DAMAGED),
         ):
             if isinstance(exc, kind):
                 click.echo(f"mount-tool: {exc}", err=True)
                 sys.exit(code)
-        if isinstance(exc, (ControlError, ValueError)):
+        if isinstance(exc, (ControlError, ValueError, OSError)):
             raise click.ClickException(str(exc)) from exc
         return False
 

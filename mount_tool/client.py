@@ -66,7 +66,7 @@ class ControlClient:
         if len(data) > MAX_REQUEST_BYTES:
             raise ControlError("too_large", f"request of {len(data)} bytes exceeds 1 MiB")
         with self._lock:
-            reply = self._exchange_retrying_busy(data)
+            reply = self._exchange_retrying_busy(op, data)
             if reply.get("id") != request_id:
                 self._close_locked()
                 raise self._unmatched_reply(reply, request_id)
@@ -101,9 +101,9 @@ class ControlClient:
 
     # -- internals (caller holds the lock) ---------------------------------
 
-    def _exchange_retrying_busy(self, data: bytes) -> dict[str, Any]:
+    def _exchange_retrying_busy(self, op: str, data: bytes) -> dict[str, Any]:
         for pause in (*BUSY_RETRY_SECONDS, None):
-            reply = self._exchange(data)
+            reply = self._exchange(op, data)
             if _error_code(reply) != "busy" or reply.get("id") is not None or pause is None:
                 return reply
             # Refused before the request was read: nothing ran, asking again is safe.
@@ -127,7 +127,7 @@ class ControlClient:
         return ControlError(
             "internal", f"the daemon answered request {reply.get('id')!r}, not {request_id}")
 
-    def _exchange(self, data: bytes) -> dict[str, Any]:
+    def _exchange(self, op: str, data: bytes) -> dict[str, Any]:
         for attempt in (1, 2):
             fresh = self._sock is None
             try:
@@ -148,6 +148,13 @@ class ControlClient:
                 # Retry only on a reused connection that the daemon may have dropped.
                 if fresh or attempt == 2:
                     raise ControlError("connection", f"{self.socket_path}: {exc}") from exc
+            except TimeoutError as exc:
+                # Closed: a late reply must not answer the next request.
+                self._close_locked()
+                raise ControlError("connection", (
+                    f"the vfsd daemon on {self.socket_path} did not answer {op!r} within "
+                    f"{self.timeout:g} s (hung, stopped or overloaded); the connection "
+                    "was closed")) from exc
             except (OSError, ValueError) as exc:
                 self._close_locked()
                 raise ControlError("connection", f"{self.socket_path}: {exc}") from exc

@@ -79,7 +79,12 @@ from .errors import ControlError, MountToolError
 from .filetools import MountFiles
 from .langgraph import files_reducer
 from .mount import Mount
-from .offload import DEFAULT_THRESHOLD_TOKENS, offload_tool_output, safe_file_stem
+from .offload import (
+    DEFAULT_THRESHOLD_TOKENS,
+    cut_unsaved,
+    offload_tool_output,
+    safe_file_stem,
+)
 from .refs import FileRef
 from .sandbox import (
     DEFAULT_ENV_ALLOWLIST,
@@ -396,12 +401,18 @@ class VfsdBackend(SandboxBackendProtocol):
         except SandboxUnavailable as exc:
             return ExecuteResponse(output=f"Error: {exc}", exit_code=126)
         output = _describe_run(result, self.sandbox.limits, timeout)
-        output = offload_tool_output(
-            self.mount,
-            output,
-            f"execute-{uuid.uuid4().hex[:12]}",
-            threshold_tokens=self.offload_threshold_tokens,
-        )
+        try:
+            output = offload_tool_output(
+                self.mount,
+                output,
+                f"execute-{uuid.uuid4().hex[:12]}",
+                threshold_tokens=self.offload_threshold_tokens,
+                # The paths its hints give are the ones the next command sees.
+                root_shown="/" if self.sandbox.isolation == "bwrap" else None,
+            )
+        except (OSError, ValueError, MountToolError) as exc:
+            # The command ran: its output must reach the agent, cut if need be.
+            output = cut_unsaved(output, exc, threshold_tokens=self.offload_threshold_tokens)
         return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=result.truncated)
 
 

@@ -136,16 +136,19 @@ class ThreadBindingError(MountToolError):
 class Damaged(RefError, OSError):
     """The referenced file is there but the store cannot serve its content:
     the daemon found it damaged on disk and answered EIO (it never serves
-    bytes that fail their hash). `vfsd fsck --verify` lists damaged files.
+    bytes that fail their hash), or the daemon answered a request about it
+    with the `damaged` code (its record is damaged; `note` says which).
+    `vfsd fsck --verify` lists damaged files.
 
     Also an OSError with errno EIO, as a read of the file itself gives.
     """
 
-    def __init__(self, ref: dict[str, Any]) -> None:
+    def __init__(self, ref: dict[str, Any], note: str = "") -> None:
         super().__init__(
             f"{ref.get('path')} (ino {ref.get('ino')}) cannot be read: its stored content is "
             "damaged (EIO); `vfsd fsck --verify RUN_DIR` lists the damaged files",
             ref,
+            note,
         )
         self.errno = errno.EIO
         self.strerror = "stored content is damaged"

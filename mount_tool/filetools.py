@@ -17,6 +17,7 @@ backend ("/a/b"); what fails comes back as the result's error, never raised.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import os
 import shutil
@@ -79,6 +80,28 @@ def _read_all(fd: int) -> bytes:
     while chunk := os.read(fd, 1 << 20):
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _pwrite_all(fd: int, data: bytes) -> None:
+    written = 0
+    while written < len(data):
+        written += os.pwrite(fd, data[written:], written)
+
+
+def _rewrite(fd: int, data: bytes, original: bytes) -> None:
+    """Replace the file's content with `data` in place; on failure (ENOSPC, the
+    quota) put `original` back. Writing before truncating never leaves the
+    file cut short part-way; fsync makes the writeback cache report now."""
+    try:
+        _pwrite_all(fd, data)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, len(original))  # first: gives back the room it took
+            _pwrite_all(fd, original)
+            os.fsync(fd)
+        raise
 
 
 class MountFiles:
@@ -202,7 +225,8 @@ class MountFiles:
             with self._opened(virtual, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY) as fd:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     return EditResult(error=f"Error: File '{virtual}' not found")
-                content = _text(_read_all(fd))
+                raw = _read_all(fd)
+                content = _text(raw)
                 # Like the text read above, the edit speaks in "\n" line ends.
                 old = old.replace("\r\n", "\n").replace("\r", "\n")
                 new = new.replace("\r\n", "\n").replace("\r", "\n")
@@ -216,11 +240,7 @@ class MountFiles:
                 if isinstance(result, str):
                     return EditResult(error=result)
                 text, occurrences = result
-                data = text.encode("utf-8")
-                os.ftruncate(fd, 0)
-                written = 0
-                while written < len(data):
-                    written += os.pwrite(fd, data[written:], written)
+                _rewrite(fd, text.encode("utf-8"), raw)
         except (FileNotFoundError, IsADirectoryError):
             return EditResult(error=f"Error: File '{virtual}' not found")
         except (OSError, UnicodeDecodeError, UnicodeEncodeError) as exc:

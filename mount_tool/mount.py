@@ -37,6 +37,13 @@ _CHANGED = object()
 # Retained snapshots, read-only, inside the mount.
 SNAPSHOTS_DIR = ".vfsd/snapshots"
 NOT_IN_SNAPSHOTS = "no retained snapshot holds that version"
+#: seconds `sync` waits for the daemon's answer beyond the publication timeout
+SYNC_GRACE_SECONDS = 10.0
+
+
+def _not_regular(rel: str) -> OSError:
+    return OSError(errno.EINVAL, f"{rel} is not a regular file (a FIFO, socket or device); "
+                   "nothing was written")
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -224,6 +231,8 @@ class Mount:
         The path is resolved and used in one step beneath the mount root
         (see `open_file`): a directory swapped for a symlink to the outside
         meanwhile makes the write fail with ValueError, never land outside.
+        A FIFO, socket or device at `path` is refused at once (OSError EINVAL,
+        "not a regular file"): nothing is truncated, written or waited for.
         """
         rel = self.relative(path)
         if isinstance(data, str):
@@ -234,11 +243,25 @@ class Mount:
         with self.root_fd() as root:
             dir_fd = _confined(lambda: makedirs_beneath(root, b"/".join(parts[:-1])), rel)
             try:
+                # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
                 fd = _confined(lambda: open_beneath(
-                    dir_fd, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644,
-                    follow_symlinks=False), rel, symlinks_refused=True)
+                    dir_fd, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY,
+                    0o644, follow_symlinks=False), rel, symlinks_refused=True)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                raise _not_regular(rel) from None
             finally:
                 os.close(dir_fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _not_regular(rel)
+            # Truncate only once it is known to be a regular file.
+            os.ftruncate(fd, 0)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             ino = os.fstat(f.fileno()).st_ino
@@ -290,17 +313,20 @@ class Mount:
         The parent is resolved beneath the mount root; the last name is never
         followed, so a symlink is removed itself, never its target.
         """
-        parts = relative_parts(self.relative(path))
-        if not parts:
-            raise PermissionError(f"{self.root} is the mount root")
+        # Only the parent is confined (realpath); resolving the whole path
+        # would remove a symlink's target instead of the link.
+        head, name = os.path.split(os.fsdecode(os.fspath(path)).rstrip("/"))
+        if name in ("", ".", ".."):
+            raise ValueError(f"{path!r}: the mount root, '.' and '..' cannot be removed")
+        parent = relative_parts(self.relative(head or "."))
         with self.root_fd() as root:
             dir_fd = _confined(lambda: open_beneath(
-                root, b"/".join(parts[:-1]), os.O_PATH | os.O_DIRECTORY), str(path))
+                root, b"/".join(parent), os.O_PATH | os.O_DIRECTORY), str(path))
         try:
             if directory:
-                os.rmdir(parts[-1], dir_fd=dir_fd)
+                os.rmdir(name, dir_fd=dir_fd)
             else:
-                os.unlink(parts[-1], dir_fd=dir_fd)
+                os.unlink(name, dir_fd=dir_fd)
         finally:
             os.close(dir_fd)
 
@@ -341,7 +367,12 @@ class Mount:
         evicted content. What is read is then hashed (xxh3-128) and compared.
         """
         ref = as_ref(ref)
-        res = self.resolve(ref)
+        try:
+            res = self.resolve(ref)
+        except ControlError as exc:
+            if exc.code == "damaged":
+                raise Damaged(ref, exc.message) from None
+            raise
         state, current = res.get("state"), res.get("ref")
         if state == "live" and res.get("matches", True) and current:
             try:
@@ -573,8 +604,11 @@ class Mount:
         args: dict[str, Any] = {"timeout": float(timeout)}
         if snapshot_id is not None:
             args["snapshot"] = str(snapshot_id)
-        # A connection of its own: the wait may outlast the shared client's timeout.
-        with ControlClient(self.client.socket_path, timeout=float(timeout) + 30) as c:
+        # A connection of its own: the wait may outlast the shared client's
+        # timeout. A daemon that does not answer by the grace after it fails
+        # with ControlError("connection", "... did not answer 'sync' ...").
+        with ControlClient(self.client.socket_path,
+                           timeout=float(timeout) + SYNC_GRACE_SECONDS) as c:
             return c.call("sync", **args)
 
     def remote(self) -> dict[str, Any] | None:

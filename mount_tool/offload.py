@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import posixpath
 import re
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
@@ -23,6 +24,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
+from .errors import MountToolError
 from .mount import Mount
 from .refs import FileRef
 
@@ -327,6 +329,7 @@ def offload_content(
     threshold_tokens: int | float = DEFAULT_THRESHOLD_TOKENS,
     dir: str = DEFAULT_DIR,
     model: Any = None,
+    root_shown: str | None = None,
 ) -> tuple[str, FileRef | None]:
     """Like `offload_tool_output`, also returning the FileRef of the written file
     (None when the content was under the threshold and left as is)."""
@@ -336,15 +339,45 @@ def offload_content(
     extension = {"json": ".json", "jsonl": ".jsonl", "log": ".log"}.get(kind, ".txt")
     relative = f"{dir.strip('/')}/{safe_file_stem(tool_call_id)}{extension}"
     ref = mount.write(relative, content)
-    absolute = mount.resolve_path(ref["path"])
+    if root_shown is None:
+        absolute = str(mount.resolve_path(ref["path"]))
+    else:  # the sandbox's view: the host path is neither there nor to be shown
+        absolute = posixpath.join(root_shown, ref["path"])
     lines = content.count("\n") + (0 if content.endswith("\n") else 1)
     header = (
         f"Tool output too large for the context ({len(content):,} characters, "
         f"{ref['size']:,} bytes, ~{estimate_tokens(content):,} tokens, {lines:,} lines). "
         f"Saved in full to {ref['path']} in the run's mount (absolute path: {absolute})."
     )
-    message = "\n\n".join([header, preview, _how_to_read(kind, ref["path"], str(absolute))])
+    message = "\n\n".join([header, preview, _how_to_read(kind, ref["path"], absolute)])
     return message, ref
+
+
+def cut_unsaved(
+    content: str,
+    exc: BaseException,
+    *,
+    threshold_tokens: int | float = DEFAULT_THRESHOLD_TOKENS,
+    dir: str = DEFAULT_DIR,
+    model: Any = None,
+) -> str:
+    """`content` cut to the offload threshold, with a note on why it could not
+    be saved (`exc`): what a failed offload gives instead of raising, so the
+    tool's result still reaches the agent."""
+    try:
+        keep = resolve_threshold(threshold_tokens, model) * CHARS_PER_TOKEN
+    except (TypeError, ValueError):
+        keep = DEFAULT_THRESHOLD_TOKENS * CHARS_PER_TOKEN
+    if len(content) <= keep:
+        return content
+    if isinstance(exc, OSError) and exc.strerror:
+        why = exc.strerror
+    else:
+        why = str(exc) or type(exc).__name__
+    return (
+        f"{content[:keep]}\n... Output truncated: {keep:,} of {len(content):,} characters "
+        f"kept. The full output could not be saved to /{dir.strip('/')}/ in the mount ({why})."
+    )
 
 
 def offload_tool_output(
@@ -355,15 +388,19 @@ def offload_tool_output(
     threshold_tokens: int | float = DEFAULT_THRESHOLD_TOKENS,
     dir: str = DEFAULT_DIR,
     model: Any = None,
+    root_shown: str | None = None,
 ) -> str:
     """Return `content` if it is small, else save it in the mount and return a preview.
 
     `threshold_tokens` is in tokens (about 4 characters each), or a float in
     (0, 1] meaning that fraction of `model.profile["max_input_tokens"]`. The
     file goes to `dir/<safe name from tool_call_id>.<json|jsonl|log|txt>`.
+    `root_shown` is the mount root as the reader's commands see it ("/" in a
+    bwrap sandbox); by default the message gives host paths.
     """
     message, _ = offload_content(
-        mount, content, tool_call_id, threshold_tokens=threshold_tokens, dir=dir, model=model
+        mount, content, tool_call_id, threshold_tokens=threshold_tokens, dir=dir, model=model,
+        root_shown=root_shown,
     )
     return message
 
@@ -394,7 +431,10 @@ class OffloadMiddleware(AgentMiddleware):
     `threshold_tokens` as in `offload_tool_output`. With a fractional
     threshold the context window comes from `model`, or else from the model
     the agent calls (learned on its first model call). Tools named in
-    `exclude_tools` are left alone.
+    `exclude_tools` are left alone. `root_shown` as in `offload_tool_output`
+    ("/" when the agent's commands run in VfsdBackend's bwrap sandbox). A
+    result that cannot be saved (a file where the directory should be, a full
+    quota) comes back cut to the threshold with a note saying why.
     """
 
     def __init__(
@@ -405,6 +445,7 @@ class OffloadMiddleware(AgentMiddleware):
         dir: str = DEFAULT_DIR,
         model: Any = None,
         exclude_tools: Collection[str] = (),
+        root_shown: str | None = None,
     ) -> None:
         super().__init__()
         self.mount = mount
@@ -412,6 +453,7 @@ class OffloadMiddleware(AgentMiddleware):
         self.dir = dir
         self.model = model
         self.exclude_tools = frozenset(exclude_tools)
+        self.root_shown = root_shown
 
     def _offload_message(self, message: Any) -> Any:
         if not isinstance(message, ToolMessage):
@@ -419,14 +461,20 @@ class OffloadMiddleware(AgentMiddleware):
         text = _text_of(message.content)
         if text is None:
             return message
-        new_text = offload_tool_output(
-            self.mount,
-            text,
-            message.tool_call_id or "call",
-            threshold_tokens=self.threshold_tokens,
-            dir=self.dir,
-            model=self.model,
-        )
+        try:
+            new_text = offload_tool_output(
+                self.mount,
+                text,
+                message.tool_call_id or "call",
+                threshold_tokens=self.threshold_tokens,
+                dir=self.dir,
+                model=self.model,
+                root_shown=self.root_shown,
+            )
+        except (OSError, ValueError, MountToolError) as exc:
+            # The tool ran: its result reaches the agent, cut if need be.
+            new_text = cut_unsaved(text, exc, threshold_tokens=self.threshold_tokens,
+                                   dir=self.dir, model=self.model)
         if new_text is text:
             return message
         return message.model_copy(update={"content": new_text})

@@ -19,6 +19,7 @@ import textwrap
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -27,7 +28,8 @@ pytest.importorskip("langgraph")
 from ckpt_graph import AFTER_V2, AFTER_V3, MOUNT_OPTIONS, aat_step, at_step, build, observe  # noqa: E402
 from conftest import unmount_quietly  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from langgraph.types import Command  # noqa: E402
+from langgraph.graph import END, START, StateGraph  # noqa: E402
+from langgraph.types import Command, interrupt  # noqa: E402
 from pgserver import pg_server  # noqa: E402, F401 - the fixture
 
 import mount_tool  # noqa: E402
@@ -529,3 +531,90 @@ def test_middleware_warns_when_the_checkpointer_is_not_wrapped(run_factory, capl
         agent.invoke({"messages": [HumanMessage("go")]}, thread())
     assert any("VfsdCheckpointer(saver, mount)" in r.getMessage() for r in caplog.records)
     m.detach()
+
+
+class SlowSaver(InMemorySaver):
+    """Stores a checkpoint late, as a remote saver may: LangGraph sends the
+    next step's writes without waiting for it."""
+
+    def put(self, *args, **kwargs):
+        import time
+
+        time.sleep(0.5)
+        return super().put(*args, **kwargs)
+
+    async def aput(self, *args, **kwargs):
+        await asyncio.sleep(0.5)
+        return await super().aput(*args, **kwargs)
+
+
+def interrupt_at_once(mount: mount_tool.Mount) -> StateGraph:
+    """`a` writes a file; `b` calls interrupt() before anything else."""
+
+    class S(TypedDict, total=False):
+        n: int
+
+    def a(state: S) -> S:
+        (mount.root / "a.txt").write_text("a")
+        return {"n": 1}
+
+    def b(state: S) -> S:
+        interrupt("wait")
+        return {"n": 2}
+
+    g = StateGraph(S)
+    g.add_node("a", a)
+    g.add_node("b", b)
+    g.add_edge(START, "a")
+    g.add_edge("a", "b")
+    g.add_edge("b", END)
+    return g
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_interrupt_at_once_pins_before_its_checkpoint_is_stored(mnt, mode):
+    """The interrupt's writes come before the saver has stored the checkpoint
+    they belong to; its snapshot is pinned all the same."""
+    app = interrupt_at_once(mnt).compile(checkpointer=VfsdCheckpointer(SlowSaver(), mnt))
+    config = thread()
+    if mode == "sync":
+        paused = app.invoke({"n": 0}, config)
+        waiting = app.get_state(config)
+    else:
+        paused = asyncio.run(app.ainvoke({"n": 0}, config))
+        waiting = asyncio.run(app.aget_state(config))
+    assert "__interrupt__" in paused
+    snapshot = waiting.metadata["vfsd"]["snapshot"]
+    pins = json.loads((mnt.state_dir / "langgraph.json").read_text())["pins"]
+    assert pins == {waiting.config["configurable"]["checkpoint_id"]:
+                    {"snapshot": snapshot, "was_pinned": False}}
+    assert {s["id"]: s["pinned"] for s in mnt.snapshots()}[snapshot] is True
+    assert snapshot_files(mnt, snapshot) == {"a.txt": "a"}
+
+
+def test_an_interrupt_right_after_pinning_leaves_no_unrecorded_pin(mnt, monkeypatch):
+    """Ctrl-C (or a cancelled run) lands just after the daemon pinned an
+    interrupt's snapshot: the run dir's record names the pin, so deleting the
+    thread releases it; it used to stay pinned with nothing to release it."""
+    real_pin = mnt.pin_snapshot
+    hits: list[str] = []
+
+    def pin_then_interrupted(snapshot_id: str, pin: bool = True):
+        result = real_pin(snapshot_id, pin)
+        if pin and not hits:
+            hits.append(snapshot_id)
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(mnt, "pin_snapshot", pin_then_interrupted)
+    cp = VfsdCheckpointer(InMemorySaver(), mnt)
+    app = interrupt_at_once(mnt).compile(checkpointer=cp)
+    config = thread()
+    with pytest.raises(KeyboardInterrupt):
+        app.invoke({"n": 0}, config)
+    assert hits, "the interrupt was never pinned"
+    pinned = {s["id"] for s in mnt.snapshots() if s["pinned"]}
+    recorded = json.loads((mnt.state_dir / "langgraph.json").read_text())["pins"]
+    assert pinned <= {pin["snapshot"] for pin in recorded.values()}, (pinned, recorded)
+    cp.delete_thread(config["configurable"]["thread_id"])
+    assert not any(s["pinned"] for s in mnt.snapshots())

@@ -155,6 +155,7 @@ def test_behind_bounds_the_lag_and_flush_publishes_the_rest(
             server.resume()
         behind.flush(timeout=120)
         assert stored <= head_seqs(bucket, lagging.stats()["run"])
+        assert behind.sync_timeout == 3  # flush's timeout was for that call only
     finally:
         for m in (a, lagging, waiting):
             unmount_quietly(m)

@@ -276,3 +276,16 @@ def test_fsck_of_a_directory_without_a_store_changes_nothing(tmp_path: Path):
     proc = vfsd_cli("fsck", plain, check=False)
     assert proc.returncode != 0 and "no vfsd store" in proc.stderr
     assert list(plain.iterdir()) == []  # no store was made on the way
+
+
+def test_unreadable_config_file_is_reported(tmp_path: Path):
+    """An OSError other than "not found" (here a loop of symlinks; unreadable
+    or a directory alike) is a message and exit 2, not a traceback."""
+    loop = tmp_path / "loop.toml"
+    loop.symlink_to(loop)
+    proc = mount_fails(tmp_path, "--config", loop)
+    assert "loop.toml" in proc.stderr and "cannot be read" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # The same for commands that only read the remote settings from it.
+    proc = vfsd_cli("gc", "--remote", "s3://bucket/prefix", "--config", loop, check=False)
+    assert proc.returncode == 2 and "cannot be read" in proc.stderr, proc.stderr

@@ -26,6 +26,7 @@ import random
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import lmdb
@@ -248,8 +249,49 @@ def test_tampered_inline_content_is_never_served(run):
             m.read(ref)
         assert "notes/plan.md" in str(exc.value) and "fsck" in str(exc.value)
         assert m.read(m.ref("notes/other.bin")) == other
+    # The command line says so too, with its own exit code, not a traceback.
+    proc = subprocess.run([sys.executable, "-m", "mount_tool.cli", "read", str(run.run_dir),
+                           json.dumps(ref)], capture_output=True, text=True)
+    assert proc.returncode == 6, proc.stderr
+    assert "damaged" in proc.stderr and "Traceback" not in proc.stderr
 
     run.umount()
     proc = vfsd_cli("fsck", run.run_dir, "--verify", "--json", check=False)
     report = json.loads(proc.stdout)
     assert proc.returncode == 1 and report["damaged_files"] == ["notes/plan.md"], report
+
+
+def cut_inode_record(state_dir: Path, ino: int) -> None:
+    """Cut the inode record of `ino` (any volume) to 3 bytes: it no longer decodes."""
+    env = lmdb.open(str(state_dir / "lmdb"), max_dbs=64)
+    try:
+        table = env.open_db(b"inode", create=False)
+        with env.begin(write=True, db=table) as txn:
+            keys = [k for k, _ in txn.cursor() if len(k) == 12 and k[4:] == struct.pack(">Q", ino)]
+            assert len(keys) == 1, keys
+            txn.put(keys[0], b"\x00\x01\x02")
+    finally:
+        env.close()
+
+
+def test_damaged_inode_record_is_reported_as_damaged(run):
+    """A record that does not decode is the store's damage, not a bad request:
+    the control reply says `damaged` and `Mount.read` raises Damaged."""
+    with mount_tool.Mount.attach(run.run_dir) as m:
+        ref = m.write("notes/plan.md", "the plan\n")
+        other = m.write("notes/other.md", "other\n")
+    run.umount()
+    cut_inode_record(run.state_dir, ref["ino"])
+    run.mount()
+    run.expect_errors = True
+    with mount_tool.Mount.attach(run.run_dir) as m:
+        with pytest.raises(mount_tool.Damaged) as exc:
+            m.read(ref)
+        assert exc.value.errno == errno.EIO and "does not decode" in str(exc.value)
+        assert m.read(other) == b"other\n"
+        with pytest.raises(mount_tool.ControlError) as ctl:
+            m.ref("notes/plan.md")
+        assert ctl.value.code == "damaged" and "fsck" in ctl.value.message
+    proc = subprocess.run([sys.executable, "-m", "mount_tool.cli", "read", str(run.run_dir),
+                           json.dumps(ref)], capture_output=True, text=True)
+    assert proc.returncode == 6 and "Traceback" not in proc.stderr, proc.stderr

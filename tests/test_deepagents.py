@@ -499,3 +499,86 @@ def test_async_agent_uses_the_async_paths(mnt):
     assert state["files"]["/async/big.txt"]["hash"] == content_hash(big.encode())
     call = next(m for m in state["messages"] if isinstance(m, AIMessage) and m.tool_calls)
     assert len(call.tool_calls[0]["args"]["content"]) < 300
+
+
+def test_write_and_upload_to_a_fifo_return_errors(mnt):
+    """A FIFO made by a command: write_file and upload_files answer with an
+    error at once instead of waiting for a reader."""
+    import threading
+
+    b = VfsdBackend(mnt)
+    os.mkfifo(mnt.root / "pipe")
+    results: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: results.update(
+        write=b.write("/pipe", "hello"), upload=b.upload_files([("/pipe", b"x")])), daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():
+        for _ in range(2):  # release the blocked opens
+            os.close(os.open(mnt.root / "pipe", os.O_RDONLY | os.O_NONBLOCK))
+            worker.join(2)
+        pytest.fail("write_file or upload_files blocked on a FIFO")
+    assert "not a regular file" in results["write"].error
+    assert results["upload"][0].error == "invalid_path"
+    assert b.read("/pipe").error and b.download_files(["/pipe"])[0].error
+    assert b.edit("/pipe", "a", "b").error
+
+
+def test_execute_output_survives_a_failed_offload(mnt):
+    """/large_tool_results is a file: the output cannot be saved there, and the
+    agent still gets it, cut, with a note, instead of an exception."""
+    b = VfsdBackend(mnt)
+    (mnt.root / "large_tool_results").write_text("in the way")
+    res = b.execute("seq 1 200000")
+    assert res.exit_code == 0
+    assert res.output.startswith("1\n2\n3\n") and len(res.output) < 100_000
+    assert "could not be saved to /large_tool_results/" in res.output
+    assert str(mnt.root) not in res.output
+
+
+def test_offload_hints_give_sandbox_paths(mnt):
+    """In the sandbox the mount is `/`: the hints name paths that exist there,
+    never the host location."""
+    b = VfsdBackend(mnt)
+    if b.isolation != "bwrap":
+        pytest.skip(f"bwrap is not usable here ({b.isolation})")
+    res = b.execute("seq 1 200000")
+    assert str(mnt.root) not in res.output
+    hint = re.search(r"grep -n 'PATTERN' (\S+)", res.output)
+    assert hint and hint.group(1).startswith("/large_tool_results/"), res.output[-600:]
+    found = b.execute(f"tail -n 1 {hint.group(1)}")
+    assert found.output.strip() == "200000"
+
+
+def test_edit_at_the_quota_leaves_the_file_whole(run_factory):
+    """An edit that would pass the quota fails, and the file keeps its bytes
+    (it used to be truncated first, then half rewritten)."""
+    run = run_factory("quota", "--quota-bytes", str(MiB))
+    mnt = mount_tool.Mount.attach(run.run_dir)
+    try:
+        original = "A" * (600 << 10) + "\nMARK\n"
+        (mnt.root / "doc.txt").write_text(original)
+        (mnt.root / "filler.bin").write_bytes(b"f" * (300 << 10))
+        for name in ("doc.txt", "filler.bin"):  # pinned: eviction cannot make room
+            os.setxattr(mnt.root / name, "user.vfsd.pin", b"1")
+        b = VfsdBackend(mnt)
+        result = b.edit("/doc.txt", "MARK", "M" * (300 << 10))
+        assert result.error, result
+        assert (mnt.root / "doc.txt").read_text() == original
+        # A fitting edit still works.
+        assert b.edit("/doc.txt", "MARK", "DONE").error is None
+        assert (mnt.root / "doc.txt").read_text() == "A" * (600 << 10) + "\nDONE\n"
+    finally:
+        mnt.detach()
+
+
+def test_execute_offload_never_lands_outside_the_mount(mnt, tmp_path):
+    """/large_tool_results is a symlink to a host directory: the output is not
+    written there (it comes back cut, with a note)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (mnt.root / "large_tool_results").symlink_to(outside)
+    res = VfsdBackend(mnt).execute("seq 1 200000")
+    assert res.exit_code == 0 and list(outside.iterdir()) == []
+    assert res.output.startswith("1\n2\n3\n") and len(res.output) < 100_000
+    assert "could not be saved to /large_tool_results/" in res.output

@@ -295,3 +295,61 @@ def test_cli_ref_and_read(shared) -> None:
     (m.root / "cli" / "data.txt").write_text("changed\n")
     out = subprocess.run([*tool, "read", str(m.run_dir), json.dumps(ref)], capture_output=True)
     assert out.returncode != 0 and b"changed since" in out.stderr
+
+
+def test_write_refuses_a_fifo_without_blocking(shared) -> None:
+    """A FIFO where a file is written (made by a shell command) is refused at
+    once, with or without a reader; nothing goes into the pipe."""
+    import threading
+
+    m = shared
+    os.mkfifo(m.root / "fifo")
+    outcome: dict[str, BaseException | None] = {}
+
+    def write() -> None:
+        try:
+            m.write("fifo", "hello")
+            outcome["error"] = None
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            outcome["error"] = exc
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(10)
+    if writer.is_alive():  # the old open blocks until a reader comes: be one
+        os.close(os.open(m.root / "fifo", os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(10)
+        pytest.fail("Mount.write blocked on a FIFO")
+    assert isinstance(outcome["error"], OSError) and "not a regular file" in str(outcome["error"])
+    reader = os.open(m.root / "fifo", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(OSError, match="not a regular file"):
+            m.write("fifo", "hello")
+        assert os.read(reader, 10) == b""  # nothing was written into the pipe
+    finally:
+        os.close(reader)
+    os.unlink(m.root / "fifo")
+
+
+def test_remove_a_symlink_removes_the_link_not_its_target(shared) -> None:
+    m = shared
+    m.write("rm/target.txt", "keep me")
+    os.symlink("target.txt", m.root / "rm/link")
+    os.symlink("rm", m.root / "rmlink")
+    m.remove("rm/link")
+    assert not os.path.lexists(m.root / "rm/link")
+    assert (m.root / "rm/target.txt").read_text() == "keep me"
+    # A symlink in the parent is followed (inside the mount); the last name is not.
+    os.symlink("target.txt", m.root / "rm/link2")
+    m.remove("rmlink/link2")
+    assert not os.path.lexists(m.root / "rm/link2") and os.path.islink(m.root / "rmlink")
+    m.remove("rmlink")
+    assert (m.root / "rm/target.txt").read_text() == "keep me"
+    # A link pointing outside is removed too; its target is not touched.
+    os.symlink("/etc/passwd", m.root / "rm/out")
+    m.remove("rm/out")
+    assert not os.path.lexists(m.root / "rm/out") and os.path.exists("/etc/passwd")
+    for bad in (".", "rm/..", "rm/.", str(m.root)):
+        with pytest.raises(ValueError):
+            m.remove(bad)
+    assert (m.root / "rm/target.txt").read_text() == "keep me"

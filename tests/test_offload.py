@@ -257,3 +257,37 @@ def test_mount_tool_does_not_import_vfsd() -> None:
     for source in source_dir.glob("*.py"):
         text = source.read_text()
         assert not re.search(r"^\s*(import vfsd|from vfsd)", text, re.M), source.name
+
+
+def test_middleware_result_survives_a_failed_offload(mnt: mount_tool.Mount, tmp_path: Path) -> None:
+    """The offload directory is a symlink to the outside: nothing is written
+    there, and the agent gets the result cut, with a note, not an exception.
+    With `root_shown="/"` the hints name sandbox paths."""
+    big = service_log(20_000)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (mnt.root / "escape_results").symlink_to(outside)
+
+    @tool
+    def fetch_logs(service: str) -> str:
+        """Return the service's logs."""
+        return big
+
+    def run(middleware: OffloadMiddleware, call_id: str) -> str:
+        model = ScriptedChatModel(messages=iter([
+            AIMessage("", tool_calls=[{"name": "fetch_logs", "args": {"service": "api"},
+                                       "id": call_id}]),
+            AIMessage("done"),
+        ]))
+        agent = create_agent(model, [fetch_logs], middleware=[middleware])
+        out = agent.invoke({"messages": [HumanMessage("check the api logs")]})
+        return next(m for m in out["messages"] if isinstance(m, ToolMessage)).content
+
+    cut = run(OffloadMiddleware(mnt, dir="escape_results"), "call_X")
+    assert list(outside.iterdir()) == []
+    assert cut.startswith(big[:1000]) and len(cut) < len(big)
+    assert "could not be saved to /escape_results/" in cut
+    shown = run(OffloadMiddleware(mnt, dir="shown_results", root_shown="/"), "call_Y")
+    assert str(mnt.root) not in shown
+    assert "grep -n 'PATTERN' /shown_results/call_Y.log" in shown
+    assert (mnt.root / "shown_results" / "call_Y.log").read_text() == big

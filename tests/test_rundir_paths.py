@@ -177,3 +177,57 @@ def test_cli_says_what_happened_when_the_daemon_dies_mid_request(run):
     # These two work without the daemon: on the store itself.
     assert "running" in vfsd_cli("status", run.run_dir).stdout
     assert "chunks_removed" in vfsd_cli("gc", run.run_dir).stdout
+
+
+def test_umount_says_when_the_stale_mount_stays(tmp_path: Path):
+    """fusermount3 failing on a dead daemon's mount: `vfsd umount` says so and
+    exits non-zero instead of reporting it removed."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "fusermount3").write_text("#!/bin/sh\necho 'fusermount3: refused' >&2\nexit 1\n")
+    (fake / "fusermount3").chmod(0o755)
+    run = MountedRun(tmp_path / "run")
+    try:
+        run.mount()
+        pid = daemon_pid(run)
+        os.kill(pid, signal.SIGKILL)
+        wait_dead(pid)
+        env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+        proc = subprocess.run([*VFSD, "umount", str(run.run_dir)], capture_output=True,
+                              text=True, timeout=60, env=env)
+        assert proc.returncode != 0, proc.stdout
+        assert "cannot remove the stale mount" in proc.stderr and "Traceback" not in proc.stderr
+        assert is_mounted(run.root)
+        proc = cli_in(tmp_path, "umount", run.run_dir)  # the real fusermount3
+        assert "stale" in proc.stdout and not is_mounted(run.root)
+    finally:
+        run.cleanup()
+
+
+def test_a_stopped_daemon_gives_a_clear_timeout(tmp_path: Path):
+    """A daemon that does not answer (here stopped): `Mount.sync` and the
+    shared client's calls fail after their timeout, saying so, and work
+    again once it answers."""
+    import mount_tool
+
+    run = MountedRun(tmp_path / "run")
+    try:
+        run.mount()
+        m = mount_tool.Mount.attach(run.run_dir)
+        m.client.timeout = 2
+        pid = daemon_pid(run)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(mount_tool.ControlError) as exc:
+                m.sync(timeout=0.5)
+            assert "did not answer 'sync'" in exc.value.message, exc.value.message
+            with pytest.raises(mount_tool.ControlError) as exc:
+                m.stats()
+            assert "did not answer 'stats' within 2 s" in exc.value.message, exc.value.message
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert "files" in m.stats()  # a fresh connection, not the late reply
+        assert m.client.call("get_step")["step"] == 0
+        m.detach()
+    finally:
+        run.cleanup()

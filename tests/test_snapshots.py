@@ -264,3 +264,17 @@ def test_crash_during_snapshot_or_restore_leaves_one_consistent_state(run, op: s
     run.mount()
     # Whatever happened, the retained snapshot is still exact.
     assert tree(root / ".vfsd" / "snapshots" / s1) == old
+
+
+def test_long_label_is_refused_on_the_first_snapshot_too(run) -> None:
+    """A large tree's first snapshot is built in steps, by another path than
+    later ones; a label over 200 characters is refused on both."""
+    (run.root / "many").mkdir()
+    subprocess.run("seq 5100 | xargs touch", shell=True, cwd=run.root / "many", check=True)
+    with connect(run.run_dir) as c:
+        err = c.error("snapshot", label="x" * 201)
+        assert err["code"] == "bad_request" and "200" in err["message"]
+        first = c.call("snapshot", label="y" * 200)
+        assert first.get("in_steps") and first["label"] == "y" * 200
+        err = c.error("snapshot", label="x" * 201)
+        assert err["code"] == "bad_request" and "200" in err["message"]

@@ -233,7 +233,9 @@ def umount(run_dir: Path, timeout: float) -> None:
     if state == "none" and not pid_alive(pid):
         _fail(f"{run.mountpoint} is not mounted")
     if state == "stale":
-        remove_stale_mount(run.mountpoint)
+        if not remove_stale_mount(run.mountpoint):
+            _fail(f"cannot remove the stale mount on {run.mountpoint} (its daemon is gone): "
+                  f"fusermount3 -u -z failed; try it by hand")
         click.echo(f"vfsd: removed the stale mount on {run.mountpoint}")
         return
     if state == "live":

@@ -226,7 +226,10 @@ def load_config(path: Path | None, overrides: dict) -> Config:
                 data = tomllib.load(f)
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
+        except OSError as exc:  # unreadable, a directory, a loop of symlinks...
+            raise ConfigError(f"config file {path} cannot be read: "
+                              f"{exc.strerror or exc}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         section = data.get("vfsd", data)
         known = set(option_names())

@@ -285,6 +285,9 @@ class ControlServer:
             return req_id, None, ("bad_request", str(exc))
         except errors.NotFound as exc:
             return req_id, None, ("not_found", f"no such file: {exc}")
+        except errors.Corrupt as exc:  # the store's fault, not the request's
+            return req_id, None, ("damaged", f"the store is damaged: {exc}; "
+                                  "`vfsd fsck --verify RUN_DIR` lists what is affected")
         except errors.StoreError as exc:
             return req_id, None, ("bad_request", str(exc) or type(exc).__name__)
         except Exception as exc:
@@ -445,7 +448,8 @@ class ControlServer:
         remote = self._remote()
         timeout = _arg(req, "timeout", (int, float), 60.0)
         if isinstance(timeout, bool) or not 0 < timeout <= 86400:
-            raise RequestError("bad_request", "'timeout' must be 0 to 86400 seconds")
+            raise RequestError("bad_request",
+                               "'timeout' must be above 0 and at most 86400 seconds")
         ident = self._snapshot_id(req) if "snapshot" in req else None
         return await remote.sync(ident, float(timeout))
 
@@ -461,8 +465,11 @@ class ControlServer:
         return ident
 
     async def op_snapshot(self, req: dict) -> dict:
+        label = _arg(req, "label", str, "")
+        if len(label) > 200:  # checked here: a run's first snapshot takes another path
+            raise RequestError("bad_request", "'label' must be at most 200 characters")
         return await self.daemon.snapservice.snapshot(
-            pinned=_arg(req, "pin", bool, False), label=_arg(req, "label", str, ""),
+            pinned=_arg(req, "pin", bool, False), label=label,
             reuse=_arg(req, "reuse", bool, False))
 
     def op_snapshots(self, req: dict) -> dict:
