@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from vfsd import openfiles
 from vfsd.content import HOT_REF, LOC_FILE
 from vfsd.filehash import bytes_hash
 from vfsd.fs import VfsdOperations
 from vfsd.fsck import fsck
-from vfsd import openfiles
 from vfsd.openfiles import OpenFiles, prepare_blocks
 from vfsd.settle import Settler
 from vfsd.snapshots import Snapshots
