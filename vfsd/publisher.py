@@ -406,7 +406,9 @@ class Publisher:
             except Exception:  # noqa: BLE001 - damaged: nobody can use it
                 other_gen = 0
             head = self.head
-            if other_gen >= m.generation or (head is not None and head.entry(m.seq)):
+            # Equal generations are one acquisition (`vfsd.lease`): this worker's
+            # own earlier attempt, whose head CAS failed, is an orphan like any.
+            if other_gen > m.generation or (head is not None and head.entry(m.seq)):
                 raise RunMovedOn(f"snapshot s{m.seq} of run {m.run} was published by lease "
                                 f"generation {other_gen}; this worker's is {m.generation}")
             log.warning("orphan_manifest_replaced", snapshot=snapshot_id(m.seq),
