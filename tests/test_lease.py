@@ -203,6 +203,23 @@ def test_a_stalled_holder_has_stopped_before_it_is_taken_over(store):
     assert b.valid
 
 
+def test_a_restarted_owner_takes_its_lease_with_a_new_generation(store):
+    """A daemon restarted with its owner token takes its lease back at once, but
+    as a new generation: the earlier holder (an older process still running, a
+    copied store) loses it at its next renewal instead of sharing generation 1."""
+    first = Lease(store, "same-token", ttl=30)
+    first.acquire()
+    again = Lease(store, "same-token", ttl=30, owner=first.owner)
+    again.acquire()  # no wait: it is its own token
+    assert again.generation == first.generation + 1
+    with pytest.raises(LeaseLost, match="generation 2"):
+        first.renew()
+    assert not first.valid and again.valid
+    again.renew()
+    body = json.loads(store.get(lease_key("same-token")).data)
+    assert body["generation"] == 2 and body["session"] == again.session
+
+
 def test_renewal_conflict_means_lost_at_once(s3_server, store):  # noqa: F811
     a = Lease(store, "stolen", ttl=60)
     a.acquire()

@@ -170,6 +170,32 @@ def test_sigkill_mid_upload_at_several_moments(s3, run_factory, freeze_after):
     _kill_mid_upload(s3, run_factory, f"kill{int(freeze_after * 100)}", freeze_after)
 
 
+def test_a_leftover_manifest_of_its_own_generation_is_replaced(s3, run_factory):
+    """A manifest s2 an earlier attempt of this very lease wrote (its head CAS
+    then failed) may differ from the retry's (a pin changed meanwhile): it is
+    this worker's own orphan, replaced, not another worker's publication
+    (which would turn the mount read-only)."""
+    url = s3.unique_url("ownorphan")
+    bucket = Bucket(s3, url)
+    a = run_factory("a", "--remote", url, *FAST)
+    (a.root / "one.txt").write_text("one\n")
+    snapshot(a)
+    sync(a)
+    run = status(a)["run"]
+    generation = bucket.head(run)["generation"]
+    orphan = decode(bucket.get(f"runs/{run}/snapshots/1"), run=run, seq=1)
+    orphan.seq, orphan.label = 2, "earlier attempt"
+    assert orphan.generation == generation
+    bucket.put(f"runs/{run}/snapshots/2", encode(orphan))
+    (a.root / "two.txt").write_text("two\n")
+    s2 = snapshot(a)
+    assert s2 == "s2"
+    assert json.loads(sync(a).stdout)["published"] == s2
+    mine = decode(bucket.get(f"runs/{run}/snapshots/2"), run=run, seq=2)
+    assert mine.label != "earlier attempt" and status(a)["remote"]["state"] == "held"
+    assert bucket.head(run)["latest"] == 2
+
+
 def test_restart_after_a_crash_takes_its_own_lease_back(s3, run_factory):
     """A daemon SIGKILLed with its lease held, mounted again on the same store,
     takes its own lease back at once (its owner token is in the store) and

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from vfsd.chunks import chunk_hash
-from vfsd.remote import check_run_id, chunk_key, digest_of_chunk_key, lease_key, run_prefix
+from vfsd.remote import (
+    check_run_id,
+    chunk_key,
+    digest_of_chunk_key,
+    intent_key,
+    intent_of_name,
+    lease_key,
+    parse_run_key,
+    run_prefix,
+)
 
 
 def test_chunk_keys_round_trip_and_match_the_local_names():
@@ -31,3 +40,16 @@ def test_run_keys():
     for bad in ("", ".", "..", "a..b", "a/b", "-a", "_a", "a b", "x" * 129, "é"):
         with pytest.raises(ValueError):
             check_run_id(bad)
+
+
+def test_intent_keys_of_each_attempt_are_unique_and_parse():
+    plain = intent_key("r1", 12, 3)
+    one, two = intent_key("r1", 12, 3, "0" * 16), intent_key("r1", 12, 3, "ab" * 8)
+    assert len({plain, one, two}) == 3
+    for key in (plain, one, two):
+        run, kind, rest = parse_run_key(key)
+        assert (run, kind, intent_of_name(rest)) == ("r1", "intents", (12, 3))
+    for bad in ("x" * 16, "0" * 15, "A" * 16):
+        with pytest.raises(ValueError):
+            intent_key("r1", 12, 3, bad)
+    assert intent_of_name("12-3-" + "0" * 15) is None

@@ -309,6 +309,47 @@ def test_bad_resume_requests_change_nothing(s3, run_factory, tmp_path):
     assert (b.root / "data.bin").read_bytes() == payload
 
 
+def test_a_resume_bound_to_fail_leaves_the_run_alone(s3, run_factory, tmp_path):
+    """`--from` into a store that keeps its chunks in another prefix is refused
+    before the run's lease is taken: lease and head stay as the run's worker
+    left them (a worker merely slow to renew would otherwise be fenced out)."""
+    url, other = s3.unique_url("keep"), s3.unique_url("other")
+    bucket = Bucket(s3, url)
+    a = run_factory("a", "--remote", url, *FAST)
+    (a.root / "f.txt").write_text("hello\n")
+    s1 = snapshot(a)
+    sync(a)
+    run = status(a)["run"]
+    a.umount()  # the lease is released: anyone may take it at once
+    lease, head = bucket.get(f"runs/{run}/lease"), bucket.get(f"runs/{run}/head")
+    shared = tmp_path / "shared"
+    c = run_factory("c", "--remote", other, "--store", str(shared), *FAST)
+    c.umount()
+    proc = vfsd_cli("mount", tmp_path / "b", "--store", shared, "--remote", url, "--from",
+                    f"{run}@{s1}", *FAST, check=False)
+    assert proc.returncode == 1 and f"keeps its chunks in {other}" in proc.stderr, proc.stderr
+    assert bucket.get(f"runs/{run}/lease") == lease
+    assert bucket.get(f"runs/{run}/head") == head
+
+
+def test_no_intent_is_left_once_published(s3, run_factory):
+    """Each publication deletes its intent, a delta with nothing retired too."""
+    url = s3.unique_url("intents")
+    bucket = Bucket(s3, url)
+    a = run_factory("a", "--remote", url, *FAST)
+    (a.root / "one.bin").write_bytes(os.urandom(MiB + 1))
+    for i in range(20):  # unchanged later: the next manifest is a small delta
+        (a.root / f"log{i}.txt").write_text(f"log {i}\n")
+    snapshot(a)
+    sync(a)
+    (a.root / "two.bin").write_bytes(os.urandom(MiB + 2))
+    s2 = snapshot(a)
+    assert json.loads(sync(a).stdout)["published"] == s2
+    run = status(a)["run"]
+    assert bucket.head(run)["snapshots"][-1]["full"] is False
+    assert not bucket.keys(f"runs/{run}/intents/")
+
+
 # ------------------------------------------------------------------ bucket GC
 
 

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 import structlog
 
 from .head import MAX_HEAD_BYTES
-from .lease import Lease, LeaseHeld, LeaseLost
+from .lease import Lease, LeaseHeld, LeaseLost, LeaseState
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode
-from .objstore import ObjectStore, RemoteNotFound
+from .objstore import ObjectStore, RemoteError, RemoteNotFound
 from .remote import (
     CHUNKS_DIR,
     GC_LEASE_KEY,
@@ -43,6 +43,11 @@ MIN_GRACE = 1.0
 DELETE_BATCH = 500
 #: an intent is a list of 16-byte digests; one larger than this is damaged
 MAX_INTENT_BYTES = 256 << 20
+#: listings of `runs/` after which a prefix whose runs keep changing is given up
+MAX_MARK_ROUNDS = 20
+#: the sweep's lease lasts at least this many request attempts (`attempt_bound`),
+#: so a delete request always fits in it between two renewals
+LEASE_ATTEMPTS = 3
 
 
 class GcError(Exception):
@@ -68,6 +73,7 @@ class SweepReport:
     chunks: int = 0
     chunk_bytes: int = 0
     young: int = 0
+    mark_rounds: int = 0
     deleted: int = 0
     deleted_bytes: int = 0
     would_delete: list[str] = field(default_factory=list)
@@ -80,33 +86,36 @@ class SweepReport:
 
 
 def sweep(store: ObjectStore, *, grace: float, dry_run: bool = False, ttl: float = 30.0,
-          workers: int = 8, on_marked: Callable[[], None] | None = None) -> SweepReport:
+          workers: int = 8, wait: float = 0.0,
+          on_marked: Callable[[], None] | None = None) -> SweepReport:
     """Mark and sweep the bucket prefix of `store`; see the module docstring.
 
-    `on_marked` is called once marking is done, before any deletion (for
-    tests that need a sweep to stand still at that point).
+    `wait`: seconds to wait for another sweep's lease (or a damaged lease
+    object) to lapse before giving up with GcBusy. The lease lasts `ttl`
+    seconds, raised to `LEASE_ATTEMPTS` request attempts of `store`. Every
+    delete request is given up before the lease would lapse (GcError then:
+    nothing is deleted after it). `on_marked` is called once marking is done,
+    before any deletion (for tests that need a sweep to stand still there).
     """
     if not isinstance(grace, int | float) or isinstance(grace, bool) or grace < MIN_GRACE:
         raise GcError(f"the grace period must be at least {MIN_GRACE:g} s, got {grace!r}")
     started = time.monotonic()
     report = SweepReport(str(store.url), float(grace), dry_run)
-    lease = Lease(store, "gc", key=GC_LEASE_KEY, ttl=ttl)
-    previous = lease.read()
-    floor = (previous.record or {}).get("grace_floor") if previous else None
-    if not isinstance(floor, int | float) or isinstance(floor, bool) or floor <= 0:
-        floor = grace
-    lease.extra = {"purpose": "vfsd gc sweep", "grace": float(grace),
-                   "grace_floor": float(min(floor, grace))}
+    ttl = max(float(ttl), LEASE_ATTEMPTS * store.attempt_bound())
+    lease = Lease(store, "gc", key=GC_LEASE_KEY, ttl=ttl,
+                  extra_for=lambda previous: _lease_fields(previous, float(grace)))
     try:
-        lease.acquire(wait=0)
+        lease.acquire(wait=wait)
     except LeaseHeld as exc:
         raise GcBusy(f"another GC sweep is running on {store.url} ({exc})") from None
     try:
         t0 = _server_now(store)
-        marked = _mark(store, lease, t0, report, workers)
+        marked, stale = _mark(store, lease, t0, report, workers)
         report.marked = len(marked)
         if on_marked is not None:
             on_marked()
+        if stale and not dry_run:
+            _delete(store, lease, stale)
         _sweep_chunks(store, lease, t0, grace, marked, report)
     except LeaseLost as exc:
         raise GcError(f"the sweep lost its lease and stopped deleting ({exc})") from None
@@ -115,6 +124,25 @@ def sweep(store: ObjectStore, *, grace: float, dry_run: bool = False, ttl: float
     report.duration_s = round(time.monotonic() - started, 3)
     log.info("bucket_gc", **{k: v for k, v in report.as_dict().items() if k != "would_delete"})
     return report
+
+
+def _lease_fields(previous: LeaseState | None, grace: float) -> dict:
+    """The GC's fields in `gc/lease`, replacing `previous`: the floor is never raised.
+
+    Computed from the very record the acquisition replaces (its CAS fails if
+    another sweep wrote in between, and this runs again on the new record).
+    A damaged record, or one without a usable floor, may have hidden any
+    grace: the floor falls to MIN_GRACE.
+    """
+    if previous is None:
+        floor = grace  # no sweep ever ran here
+    else:
+        floor = (previous.record or {}).get("grace_floor")
+        if not isinstance(floor, int | float) or isinstance(floor, bool) or not floor > 0 \
+                or floor != floor:
+            floor = MIN_GRACE
+    return {"purpose": "vfsd gc sweep", "grace": grace,
+            "grace_floor": float(min(floor, grace))}
 
 
 def _server_now(store: ObjectStore) -> float:
@@ -130,12 +158,21 @@ def _keep_alive(lease: Lease) -> None:
         lease.renew()
 
 
-def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
-          workers: int) -> set[bytes]:
-    """Digests named by live intents and by every manifest under the prefix."""
-    runs: set[str] = set()
+def _delete(store: ObjectStore, lease: Lease, keys: list[str]) -> None:
+    """Delete `keys` while the lease holds: no request outlives it (see `ObjectStore.delete`)."""
+    _keep_alive(lease)
+    try:
+        store.delete(keys, deadline=lease.deadline())
+    except RemoteError as exc:
+        raise GcError(f"the sweep stopped deleting: a delete could not be done within its "
+                      f"lease on {store.url} ({exc}); run it again once the store answers "
+                      "promptly") from None
+
+
+def _list_runs(store: ObjectStore, lease: Lease, t0: float, runs: set[str],
+               stale: set[str]) -> tuple[list[str], list[str]]:
+    """One listing of `runs/`: (live intents, manifests); stale intents go to `stale`."""
     intents: list[str] = []
-    stale: list[str] = []
     manifests: list[str] = []
     for n, info in enumerate(store.list(RUNS_DIR + "/")):
         if n % 1000 == 0:
@@ -149,18 +186,31 @@ def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
             if info.last_modified >= t0 - INTENT_MAX_AGE:
                 intents.append(info.key)
             else:
-                stale.append(info.key)
+                stale.add(info.key)
         elif kind == "snapshots" and seq_of_manifest_name(rest) is not None:
             manifests.append(info.key)
-    report.runs, report.intents, report.manifests = len(runs), len(intents), len(manifests)
-    report.stale_intents = len(stale)
+    return intents, manifests
+
+
+def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
+          workers: int) -> tuple[set[bytes], list[str]]:
+    """(digests named by live intents and every manifest under the prefix, stale intents).
+
+    Lists `runs/` again until a listing shows no intent or manifest that was
+    not read yet (the fixpoint): an object gone when read (an intent whose
+    manifest got published, a manifest retention retired) had a successor
+    that names its chunks, PUT before it went, so the next listing shows it.
+    """
+    runs: set[str] = set()
+    stale: set[str] = set()
+    seen: set[str] = set()
     marked: set[bytes] = set()
 
     def read_intent(key: str) -> set[bytes]:
         try:
             data = store.get(key, max_bytes=MAX_INTENT_BYTES).data
         except RemoteNotFound:
-            return set()  # its publication finished: its manifest is listed
+            return set()  # its publication finished: the next listing shows its manifest
         if len(data) % 16:
             raise GcError(f"intent {key} is damaged ({len(data)} bytes); nothing deleted")
         return {data[i:i + 16] for i in range(0, len(data), 16)}
@@ -170,7 +220,7 @@ def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
         try:
             data = store.get(key, max_bytes=MAX_MANIFEST_BYTES).data
         except RemoteNotFound:
-            return set()  # retired by its run meanwhile: its chunks are named elsewhere
+            return set()  # retired meanwhile: the next listing shows its successor
         try:
             return decode(data, run=run, seq=seq_of_manifest_name(rest)).chunk_digests()
         except ManifestError as exc:
@@ -178,16 +228,31 @@ def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
                           f"Inspect or delete {key} by hand") from None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for got in pool.map(read_intent, intents):
-            marked |= got
-        _keep_alive(lease)
-        for n, got in enumerate(pool.map(read_manifest, manifests)):
-            marked |= got
-            if n % 64 == 0:
-                _keep_alive(lease)
-    if stale and not report.dry_run:
-        store.delete(stale)
-    return marked
+        for rounds in range(1, MAX_MARK_ROUNDS + 1):
+            report.mark_rounds = rounds
+            intents, manifests = _list_runs(store, lease, t0, runs, stale)
+            intents = [k for k in intents if k not in seen]
+            manifests = [k for k in manifests if k not in seen]
+            if not intents and not manifests:
+                break
+            seen.update(intents)
+            seen.update(manifests)
+            report.intents += len(intents)
+            report.manifests += len(manifests)
+            for got in pool.map(read_intent, intents):
+                marked |= got
+            _keep_alive(lease)
+            for n, got in enumerate(pool.map(read_manifest, manifests)):
+                marked |= got
+                if n % 64 == 0:
+                    _keep_alive(lease)
+        else:
+            raise GcError(f"the runs under {store.url} kept changing: {MAX_MARK_ROUNDS} "
+                          "listings in a row each showed intents or manifests the one before "
+                          "did not; nothing was deleted. Run the sweep again later")
+    stale -= seen
+    report.runs, report.stale_intents = len(runs), len(stale)
+    return marked, sorted(stale)
 
 
 def _sweep_chunks(store: ObjectStore, lease: Lease, t0: float, grace: float,
@@ -197,11 +262,11 @@ def _sweep_chunks(store: ObjectStore, lease: Lease, t0: float, grace: float,
     def flush() -> None:
         if not batch:
             return
-        _keep_alive(lease)  # never delete once the lease may look expired to others
         if report.dry_run:
+            _keep_alive(lease)
             report.would_delete += [k for k, _ in batch]
         else:
-            store.delete([k for k, _ in batch])
+            _delete(store, lease, [k for k, _ in batch])
         report.deleted += len(batch)
         report.deleted_bytes += sum(size for _, size in batch)
         batch.clear()

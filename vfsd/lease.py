@@ -22,6 +22,15 @@ there is always a gap of at least `margin` between the holder stopping and
 another worker starting. Assumed: the server's clock does not step by more than
 `margin` within a TTL, and clock rates differ by far less than `margin`/`ttl`.
 
+Generations. Every acquisition writes a generation one above the record it
+replaces (1 for a new object), also when a restarted daemon takes back its own
+lease (same owner token, a new process): so two holders never share a
+generation, and "same generation" means "same acquisition". Each `Lease` also
+writes a random `session` of its own; a renewal whose answer was lost is
+recognised by it (our session, our generation), never by the owner token
+alone, so a stale holder with the same token (an older process of the same
+daemon, a copied store) learns at its next renewal that it lost the lease.
+
 Losing the lease. `valid` turns False, for good, the moment the holder's
 validity runs out without a successful renewal, or a renewal finds the lease
 changed by another owner; `check()` then raises LeaseLost, which writers call
@@ -111,15 +120,20 @@ class Lease:
                  renew_every: float | None = None, margin: float | None = None,
                  owner: Owner | None = None,
                  wall_clock: Callable[[], float] = time.time,
-                 key: str | None = None, extra: dict | None = None) -> None:
+                 key: str | None = None, extra: dict | None = None,
+                 extra_for: Callable[[LeaseState | None], dict] | None = None) -> None:
         if ttl < 1:
             raise ValueError("a lease ttl under one second cannot work with HTTP dates")
         self.store = store
         self.run_id = check_run_id(run_id)
         # `key`: a lease that is not a run's (the GC's); `extra`: fields its
-        # holder adds to the body (the GC's grace period).
+        # holder adds to the body (the GC's grace period); `extra_for(previous)`
+        # computes them at each acquisition attempt from the lease it replaces
+        # (None: there is none), so they can depend on exactly that record.
         self.key = key or lease_key(run_id)
         self.extra = dict(extra or {})
+        self._extra_for = extra_for
+        self.session = secrets.token_hex(8)
         self.ttl = float(ttl)
         self.margin = float(margin if margin is not None else max(1.0, self.ttl / 10))
         if not 0 < self.margin < self.ttl / 2:
@@ -170,6 +184,12 @@ class Lease:
             self._valid_locked()
             return self._lost_reason
 
+    def deadline(self) -> float:
+        """The `time.monotonic()` at which this worker stops holding the lease
+        unless it renews first (0.0 if it holds none)."""
+        with self._lock:
+            return self._valid_until if self._valid_locked() else 0.0
+
     def remaining(self) -> float:
         """Seconds this worker may still write without a successful renewal."""
         with self._lock:
@@ -202,11 +222,22 @@ class Lease:
             "expires_at": 0 if released else now + self.ttl,
             "released": released,
             "seq": self._seq,  # every write differs, so every ETag differs
+            "session": self.session,
         }, sort_keys=True).encode()
 
     def _is_mine(self, record: dict | None) -> bool:
+        """The record names our owner token (this daemon, maybe an earlier process)."""
         owner = (record or {}).get("owner")
         return isinstance(owner, dict) and owner.get("token") == self.owner.token
+
+    def _is_this(self, record: dict | None, generation: int) -> bool:
+        """The record was written by this very `Lease`, at `generation`."""
+        return self._is_mine(record) and record.get("session") == self.session \
+            and record["generation"] == generation
+
+    def _set_extra(self, previous: LeaseState | None) -> None:
+        if self._extra_for is not None:
+            self.extra = dict(self._extra_for(previous))
 
     def read(self) -> LeaseState | None:
         """The lease as the bucket has it now, or None if there is none."""
@@ -252,10 +283,14 @@ class Lease:
             if self._lost_reason is not None:
                 raise LeaseLost(f"lease on run {self.run_id} was lost ({self._lost_reason}); "
                                 "make a new Lease to try again")
+        # generation -> when our write attempt asking for it was sent
+        tried: dict[int, float] = {}
         for _ in range(5):  # the object may vanish or change between our reads
             sent = time.monotonic()
             self._acquired_at = self._wall()
+            self._set_extra(None)
             try:
+                tried.setdefault(1, sent)
                 etag = self.store.put(self.key, self._body(1), if_none_match=True)
                 self._won(etag, 1, sent)
                 return
@@ -264,16 +299,24 @@ class Lease:
             state = self.read()
             if state is None:
                 continue
-            if self._is_mine(state.record):
-                self._won(state.etag, state.record["generation"], sent)
+            if state.record is not None and state.record["generation"] in tried \
+                    and self._is_this(state.record, state.record["generation"]) \
+                    and not state.record["released"]:
+                # One of our own writes landed and its answer was lost.
+                self._won(state.etag, state.record["generation"],
+                          tried[state.record["generation"]])
                 self.renew()  # its Last-Modified may predate `sent`: write a fresh one
                 return
-            if not state.expired:
+            # Our own token from an earlier process (a restart after a crash):
+            # taken at once, with a new generation like any takeover.
+            if not state.expired and not self._is_mine(state.record):
                 raise LeaseHeld(_held_message(self.run_id, state), state.record,
                                 state.expires_in)
             generation = (state.record["generation"] if state.record else 0) + 1
+            self._set_extra(state)
             sent = time.monotonic()
             try:
+                tried.setdefault(generation, sent)
                 etag = self.store.put(self.key, self._body(generation), if_match=state.etag)
             except (RemoteConflict, RemoteNotFound):
                 continue  # somebody else moved first: look again
@@ -316,8 +359,8 @@ class Lease:
                                           deadline=deadline)
             except (RemoteConflict, RemoteNotFound):
                 state = self.read()
-                if state is not None and self._is_mine(state.record) \
-                        and state.record["generation"] == generation \
+                if state is not None and state.record is not None \
+                        and self._is_this(state.record, generation) \
                         and not state.record["released"]:
                     # Our previous write landed but its answer was lost: adopt
                     # its ETag and write again, so Last-Modified is fresh.
@@ -348,13 +391,15 @@ class Lease:
         """
         with self._lock:
             held = self._valid_locked()
-            etag, generation = self._etag, self._generation
+            etag, generation, deadline = self._etag, self._generation, self._valid_until
             self._held = False
             self._lost_reason = self._lost_reason or "released"
         if not held:
             return
         try:
-            self.store.put(self.key, self._body(generation, released=True), if_match=etag)
+            # Not after our validity: by then another worker may hold it.
+            self.store.put(self.key, self._body(generation, released=True), if_match=etag,
+                           deadline=deadline)
             log.info("lease_released", run=self.run_id, generation=generation)
         except RemoteError as exc:
             # It will lapse after its TTL instead.

@@ -529,6 +529,12 @@ class ObjectStore:
 
         Batches of 1,000 keys per request. Raises RemoteError naming the keys
         the server refused to delete.
+
+        `deadline` is stricter here than for the other calls: no attempt is
+        sent unless it ends before `deadline` even if the server never
+        answers (connect plus read timeout), so a delete is never still in
+        flight past it. A deleter whose right to delete ends at a known time
+        (the GC, whose lease lapses) passes that time.
         """
         batch: list[str] = []
         count = 0
@@ -545,10 +551,12 @@ class ObjectStore:
 
     def _delete_batch(self, keys: list[str], deadline: float | None) -> None:
         request = {"Objects": [{"Key": k} for k in keys], "Quiet": True}
+        # `_call` names the key relative to the prefix; these are full keys.
+        skip = len(self.url.prefix) + 1 if self.url.prefix else 0
         response = self._call(
-            "delete", keys[0],
+            "delete", keys[0][skip:],
             lambda: self._client.delete_objects(Bucket=self.url.bucket, Delete=request),
-            deadline)
+            deadline, whole_attempt_by_deadline=True)
         errors = response.get("Errors") or []
         if errors:
             shown = ", ".join(f"{e.get('Key')} ({e.get('Code')})" for e in errors[:5])
@@ -560,14 +568,28 @@ class ObjectStore:
         with self._lock:
             self.stats[name] += n
 
+    def attempt_bound(self) -> float:
+        """Seconds one attempt may wait on the server before it is given up."""
+        return self.settings.connect_timeout + self.settings.read_timeout
+
     def _call(self, op: str, key: str, fn, deadline: float | None,
-              conflict_is_transient: bool = False):
-        """Run `fn` with bounded retries of transient failures; translate errors."""
+              conflict_is_transient: bool = False, whole_attempt_by_deadline: bool = False):
+        """Run `fn` with bounded retries of transient failures; translate errors.
+
+        `deadline`: no attempt starts after it; with `whole_attempt_by_deadline`,
+        none starts unless it would be given up before it (`attempt_bound`).
+        """
         s = self.settings
         attempt = 0
         while True:
             if self._closed.is_set():
                 raise RemoteUnavailable(f"{op} {self._where(key)}: the object store client is closed")
+            if whole_attempt_by_deadline and deadline is not None \
+                    and time.monotonic() + self.attempt_bound() >= deadline:
+                raise RemoteUnavailable(
+                    f"{op} {self._where(key)}: not sent: an attempt may wait "
+                    f"{self.attempt_bound():g} s on the server, and the caller's deadline is "
+                    f"{max(0.0, deadline - time.monotonic()):.1f} s away")
             attempt += 1
             self._count("requests")
             try:

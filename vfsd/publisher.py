@@ -22,6 +22,7 @@ publishing for good (`RemoteTier` turns the mount read-only).
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -206,9 +207,16 @@ class Publisher:
                     raise PublishError(f"the head of run {self.tier.run_id} is missing")
             built = await self._build(seq, lease.generation)
             await self.uploader.ensure_uploaded(built.changed_chunks)
-            await self._publish_safely(built, lease)
-            await self._commit_head(built, lease)
-            done = True
+            intents: list[str] = []
+            try:
+                await self._publish_safely(built, lease, intents)
+                await self._commit_head(built, lease)
+                done = True
+            finally:
+                # Published or not, the intent is done with: once the head lists
+                # the manifest GC marks its chunks from it, and a failed attempt
+                # is retried with a new intent and a new check for sweeps.
+                await self._drop_intents(intents)
         finally:
             self.in_progress = None
             if not done:
@@ -268,16 +276,24 @@ class Publisher:
 
     # -------------------------------------------------------- the GC handshake
 
-    async def _publish_safely(self, built: Built, lease: Lease) -> None:
-        """Intent, sweep check, chunk confirmation, manifest (see `vfsd.remote`)."""
+    async def _publish_safely(self, built: Built, lease: Lease, intents: list[str]) -> None:
+        """Intent, sweep check, chunk confirmation, manifest (see `vfsd.remote`).
+
+        Each intent written gets a key of its own (appended to `intents`, for
+        the caller to delete): a renewal never rewrites a key a GC sweep may
+        have listed as stale and be about to delete.
+        """
         m = built.manifest
         run = self.tier.run_id
-        ikey = intent_key(run, m.seq, m.generation)
         body = b"".join(sorted(built.changed_chunks))
         while True:
             lease.check()
+            ikey = intent_key(run, m.seq, m.generation, secrets.token_hex(8))
+            intents.append(ikey)
             await self._to_thread(self.objstore.put, ikey, body)
             written = time.monotonic()
+            if len(intents) > 1 and await self._drop_intents(intents[:-1]):
+                del intents[:-1]  # the new intent covers the same chunks
             if not self._cleaned_intents:
                 await self._to_thread(self._drop_stale_intents, ikey)
                 self._cleaned_intents = True
@@ -288,6 +304,21 @@ class Publisher:
             log.info("intent_renewed", snapshot=snapshot_id(m.seq))
         lease.check()
         await self._to_thread(self._put_manifest, built)
+
+    async def _drop_intents(self, keys: list[str]) -> bool:
+        """Delete these intents of ours; True once done. Best effort, even while
+        cancelled (ten seconds at most): one left behind is ignored and deleted
+        by GC after `INTENT_MAX_AGE`, and by this run's next writer."""
+        if not keys:
+            return True
+        with trio.move_on_after(10) as scope:
+            scope.shield = True
+            try:
+                await self._to_thread(self.objstore.delete, list(keys))
+                return True
+            except RemoteError as exc:
+                log.warning("intent_delete_failed", keys=keys, error=str(exc))
+        return False
 
     async def _to_thread(self, fn, *args):
         return await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
@@ -375,7 +406,9 @@ class Publisher:
             except Exception:  # noqa: BLE001 - damaged: nobody can use it
                 other_gen = 0
             head = self.head
-            if other_gen >= m.generation or (head is not None and head.entry(m.seq)):
+            # Equal generations are one acquisition (`vfsd.lease`): this worker's
+            # own earlier attempt, whose head CAS failed, is an orphan like any.
+            if other_gen > m.generation or (head is not None and head.entry(m.seq)):
                 raise RunMovedOn(f"snapshot s{m.seq} of run {m.run} was published by lease "
                                 f"generation {other_gen}; this worker's is {m.generation}")
             log.warning("orphan_manifest_replaced", snapshot=snapshot_id(m.seq),
@@ -471,15 +504,14 @@ class Publisher:
             self.tier.nursery.start_soon(self._cleanup, m.run, m.seq, m.generation, doomed)
 
     async def _cleanup(self, run: str, seq: int, generation: int, doomed: set[int]) -> None:
-        """Best effort: the intent, retired manifests, unlisted old manifests."""
+        """Best effort: retired manifests, unlisted old manifests."""
         try:
             await self._to_thread(self._cleanup_sync, run, seq, generation, doomed)
         except RemoteError as exc:
             log.warning("manifest_cleanup_failed", error=str(exc))
 
     def _cleanup_sync(self, run: str, seq: int, generation: int, doomed: set[int]) -> None:
-        keys = [intent_key(run, seq, generation)]
-        keys += [manifest_key(run, s) for s in doomed]
+        keys = [manifest_key(run, s) for s in doomed]
         head = self.head
         if head is not None:
             listed = {s["seq"] for s in head.snapshots}
@@ -487,8 +519,9 @@ class Publisher:
                 s = seq_of_manifest_name(info.key.rsplit("/", 1)[1])
                 if s is not None and s <= head.latest and s not in listed:
                     keys.append(info.key)
-        self.objstore.delete(sorted(set(keys)))
-        self.stats["manifests_deleted"] += len(set(keys)) - 1
+        if keys:
+            self.objstore.delete(sorted(set(keys)))
+        self.stats["manifests_deleted"] += len(set(keys))
 
     # ------------------------------------------------------------------ sync
 

@@ -9,7 +9,7 @@ chunks/<hh>/<hex>                    one chunk, immutable, content-addressed
 runs/<run>/lease                     the run's writer lease, mutable (CAS on ETag)
 runs/<run>/head                      the run's published snapshots, mutable (CAS on ETag)
 runs/<run>/snapshots/<seq>           one published snapshot (a manifest), immutable
-runs/<run>/intents/<seq>-<gen>       chunks a publication in progress relies on
+runs/<run>/intents/<seq>-<gen>-<a>   chunks a publication in progress relies on
 gc/lease                             held while a GC sweep may delete chunks
 ```
 
@@ -30,10 +30,14 @@ gc/lease                             held while a GC sweep may delete chunks
 `runs/<run>/lease`
     One writer per run (`vfsd.lease`). A small JSON object:
     `{"vfsd_lease": 1, "run", "owner": {"host", "pid", "token"}, "generation",
-    "ttl", "acquired_at", "renewed_at", "expires_at", "released", "seq"}`.
-    Created with `If-None-Match: *`; renewed, released and taken over with
-    `If-Match: <ETag>` only. `generation` grows by one at every change of
-    owner: it is the run's fencing token. Expiry is judged on the server's
+    "ttl", "acquired_at", "renewed_at", "expires_at", "released", "seq",
+    "session"}`. Created with `If-None-Match: *`; renewed, released and taken
+    over with `If-Match: <ETag>` only. `generation` grows by one at every
+    acquisition (one above the record replaced), also when a restarted daemon
+    takes back its own lease: it is the run's fencing token, and no two
+    holders ever share one. `session` is random per acquiring process; a
+    holder recognises its own earlier write (an answer lost) by session and
+    generation, never by the owner token alone. Expiry is judged on the server's
     clock (its Last-Modified and Date headers), never on a worker's wall clock:
     the lease is expired when the server's Date is more than `ttl` + 1 s past
     the object's Last-Modified. `expires_at` and the other times are the
@@ -102,21 +106,32 @@ gc/lease                             held while a GC sweep may delete chunks
     last full manifest of its chain, so a chain stays short: resuming
     downloads at most `remote_full_every` manifests.
 
-`runs/<run>/intents/<seq>-<generation>`
+`runs/<run>/intents/<seq>-<generation>-<attempt>`
     Written by a publication in progress before it checks for a GC sweep
     (see GC): the concatenated 16-byte digests of the chunks its manifest
-    will name that no earlier manifest of its chain names. Deleted once the
-    head lists the snapshot. GC honours intents younger than
-    `INTENT_MAX_AGE` and deletes older ones (left by crashed writers); a
-    writer whose publication takes longer than half of it writes a new
-    intent and checks again.
+    will name that no earlier manifest of its chain names. `attempt` is 16
+    random hex digits, new for every intent written, so no two intents
+    share a key: deleting one (a finished or failed attempt, a stale one
+    GC removes) never deletes another. (Keys without `-<attempt>`, written
+    by earlier versions, are read the same way.) Deleted by the publication
+    once it is over, whether the head lists the snapshot or the attempt
+    failed (a retry writes a new intent and checks for sweeps again). GC
+    honours intents younger than `INTENT_MAX_AGE` and deletes older ones
+    (left by crashed writers); a writer whose publication takes longer than
+    half of it writes a new intent (a new key), deletes the old one and
+    checks again.
 
 `gc/lease`
     A lease object like a run's (`vfsd.lease`, same format), held by a GC
     sweep for as long as it may delete chunks, plus `"grace"` (this sweep's
     grace period, seconds) and `"grace_floor"` (the shortest grace any sweep
-    has used on this prefix, never raised). Released at the end of a sweep,
-    so it normally exists, released.
+    has used on this prefix, never raised). A sweep computes its floor from
+    the very record its acquisition replaces (the min of that floor and its
+    grace; the CAS fails and it computes again if another sweep wrote in
+    between), so two sweeps racing cannot raise it; a damaged record, or one
+    with no usable floor, gives `MIN_GRACE`. Its TTL is at least three
+    request attempts (connect plus read timeout each). Released at the end
+    of a sweep, so it normally exists, released.
 
 Publishing a snapshot (`vfsd.publisher`), by the run's lease holder:
     1. Build the manifest from the local snapshot (in a worker thread).
@@ -133,18 +148,31 @@ Publishing a snapshot (`vfsd.publisher`), by the run's lease holder:
        manifest names it: the pending-upload table keeps it out of the
        local cache's eviction).
     6. PUT the manifest (`If-None-Match: *`); 7. CAS the head (generation,
-       `If-Match`); 8. delete the intent; 9. delete manifests that retention
-       no longer keeps (after the head no longer lists them).
+       `If-Match`); 8. delete the intent (also when a step failed: the
+       retry starts again at 3 with a new intent); 9. delete manifests that
+       retention no longer keeps (after the head no longer lists them).
 
 GC (`vfsd gc --remote URL`, `vfsd.bucketgc`): mark and sweep.
     1. Take `gc/lease` (one sweep at a time); t0 = the server's Date.
-    2. Mark every chunk named by an intent younger than `INTENT_MAX_AGE`.
-    3. Mark every chunk named by any manifest of any run under the prefix
+    2. List `runs/`; mark every chunk named by an intent younger than
+       `INTENT_MAX_AGE`, then by every manifest of any run under the prefix
        (a manifest that does not decode stops the sweep: nothing is deleted
        when what is referenced is unknown).
-    4. List `chunks/`; delete each chunk that is unmarked and whose
-       Last-Modified is older than t0 - grace, checking before each batch
-       that the GC lease is still valid on the sweep's own clock.
+    3. List `runs/` again, and read what the listing shows that was not
+       read yet; repeat until a listing shows nothing new (the fixpoint).
+       An object listed but gone when read is why: an intent deleted
+       because its manifest got published, a manifest retention retired
+       (its chunks are named by the successor that made it retirable). That
+       successor was PUT before the object went, so before the next listing.
+       After `MAX_MARK_ROUNDS` listings that each showed something new, the
+       sweep gives up, deleting nothing.
+    4. Delete the stale intents; list `chunks/`; delete each chunk that is
+       unmarked and whose Last-Modified is older than t0 - grace. Before
+       each delete request the GC lease is checked (renewed past half its
+       TTL), and the request carries the lease's end as a deadline: no
+       attempt is sent unless it is given up (connect plus read timeout)
+       before the lease would lapse on the sweep's own clock. A store too
+       slow for that stops the sweep (GcError), deleting nothing more.
     5. Release `gc/lease`.
 
 Why a chunk a manifest names is never deleted (the race of a worker that
@@ -153,12 +181,21 @@ GC decides it is garbage). Let M be a manifest naming chunk X, PUT at w by a
 writer whose intent for X was written at a and whose check of `gc/lease`
 found no sweep at b > a, and who confirmed X after b (step 5). Take any
 sweep k, which took `gc/lease` at m_k and listed intents at g_k > m_k:
-- m_k > b: then g_k > b > a, so sweep k saw the intent (it is deleted only
-  after the head lists M, and manifests are listed after intents, so if the
-  intent was gone M was there) and marked X.
+- m_k > b: then g_k > b > a. The intent is deleted only once the
+  publication is over: after the head lists M (M was PUT before), or after
+  the attempt failed (then M is PUT, if ever, by a later attempt with an
+  intent and a check of `gc/lease` of its own, where this argument applies
+  again). If sweep k's first listing showed the intent and it read it, it
+  marked X; if the intent was gone when read, M was PUT before that read,
+  so the next listing showed M and sweep k read it (step 3); if the
+  listing did not show the intent, M was there before the listing reached
+  `snapshots/` (listed after `intents/`). Either way it marked X, unless M
+  was itself retired before being read, and then so was its successor's
+  naming of X, found by the fixpoint in turn.
 - m_k < b and sweep k still held the lease at b: impossible, the writer waits
   until it is released or expired, and a sweep stops deleting `margin`
-  seconds before its lease expires on the server's clock (`vfsd.lease`).
+  seconds before its lease expires on the server's clock (`vfsd.lease`):
+  every delete request of the sweep is given up before then (step 4).
 - sweep k released its lease before b: all its deletions were done before b.
   If X was HEADed after b it was present after them. If X was confirmed by
   age instead (created by this writer at u with b - u < grace_floor / 2),
@@ -192,7 +229,8 @@ INTENT_MAX_AGE = 3600.0
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _HEX = re.compile(r"[0-9a-f]{32}")
 _SEQ = re.compile(r"[1-9][0-9]{0,18}")
-_INTENT = re.compile(r"([1-9][0-9]{0,18})-([1-9][0-9]{0,18})")
+_INTENT = re.compile(r"([1-9][0-9]{0,18})-([1-9][0-9]{0,18})(?:-[0-9a-f]{16})?")
+_ATTEMPT = re.compile(r"[0-9a-f]{16}")
 
 
 def check_run_id(run_id: str) -> str:
@@ -246,8 +284,14 @@ def intents_prefix(run_id: str) -> str:
     return f"{run_prefix(run_id)}/intents/"
 
 
-def intent_key(run_id: str, seq: int, generation: int) -> str:
-    return f"{intents_prefix(run_id)}{seq}-{generation}"
+def intent_key(run_id: str, seq: int, generation: int, attempt: str | None = None) -> str:
+    """Key of an intent; `attempt` (16 hex digits, fresh for each intent written)
+    makes it unique, so deleting one attempt's intent never deletes another's."""
+    if attempt is None:
+        return f"{intents_prefix(run_id)}{seq}-{generation}"
+    if not _ATTEMPT.fullmatch(attempt):
+        raise ValueError(f"an intent attempt is 16 lowercase hex digits, got {attempt!r}")
+    return f"{intents_prefix(run_id)}{seq}-{generation}-{attempt}"
 
 
 GC_LEASE_KEY = f"{GC_DIR}/lease"

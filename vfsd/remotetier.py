@@ -42,7 +42,14 @@ from .manifest import ManifestError
 from .objstore import ObjectStore, RemoteError, RemoteSettings, RemoteURL
 from .publisher import Publisher
 from .remote import BadResumeSpec, parse_resume_spec
-from .resume import ResumeError, import_snapshot, load_snapshot, origin_of, volume_state
+from .resume import (
+    ResumeError,
+    check_importable,
+    import_snapshot,
+    load_snapshot,
+    origin_of,
+    volume_state,
+)
 from .snapshots import parse_id, snapshot_id
 from .uploader import ChunkGone, PendingChunk, Uploader
 
@@ -101,6 +108,10 @@ class RemoteTier:
         try:
             self.objstore.check()
             snap = load_snapshot(self.objstore, run, seq)
+            # Everything that can be checked before the lease is taken: a
+            # resume bound to fail must not take it from (or fence out) a
+            # worker that is only slow to renew.
+            check_importable(store_dir, volume, snap, str(self.url))
         except (UnknownRun, UnknownSnapshot, ManifestError, HeadError, ResumeError) as exc:
             raise RemoteStartupError(str(exc)) from None
         except RemoteError as exc:
@@ -120,6 +131,7 @@ class RemoteTier:
             self.run_id = run
             self._lose(f"the run's lease is held by another worker ({exc})")
         except (RemoteError, HeadError) as exc:
+            lease.release()  # held but not fenced: the next worker need not wait a TTL
             raise RemoteStartupError(f"cannot take the lease of run {run}: {exc}") from None
         try:
             record = import_snapshot(store_dir, volume, snap, remote_url=str(self.url),

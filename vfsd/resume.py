@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import remotestate
+from . import errors, remotestate
 from .content import LOC_LMDB, ref_digest, ref_loc
 from .head import Head, fetch_chain, read_head
 from .inode import Inode
@@ -161,6 +161,40 @@ def origin_of(store_dir: Path, volume: str) -> dict | None:
         st.close()
 
 
+def check_importable(store_dir: Path, volume: str, snap: RemoteSnapshot, remote_url: str) -> None:
+    """ResumeError unless `import_snapshot` can write `snap` there (reads only).
+
+    Called before the run's lease is taken, so a resume that cannot work
+    never takes (or disturbs) the lease of a worker still on the run.
+    """
+    state = volume_state(store_dir, volume)
+    if state == "used":
+        raise ResumeError(f"volume {volume!r} of {store_dir} already holds files; resume into "
+                          "a new run dir")
+    if state == "none" and not (store_dir / "lmdb" / "data.mdb").exists():
+        return  # a new store: it takes the run's chunk size and remote
+    try:
+        st = Store(store_dir, None, readonly=True, create=False, incomplete_ok=True)
+    except (errors.StoreError, errors.StoreVersionError) as exc:
+        raise ResumeError(f"cannot read the store at {store_dir}: {exc}") from None
+    try:
+        current = remotestate.remote_url(st)
+        size = st.chunk_size
+    finally:
+        st.close()
+    _check_store_fits(store_dir, current, size, snap, remote_url)
+
+
+def _check_store_fits(store_dir: Path, current: str | None, chunk_size: int | None,
+                      snap: RemoteSnapshot, remote_url: str) -> None:
+    if current is not None and current != remote_url:
+        raise ResumeError(f"the store at {store_dir} keeps its chunks in {current}, not "
+                          f"{remote_url}: resume into a run dir with a store of its own")
+    if chunk_size is not None and chunk_size != snap.chunk_size:
+        raise ResumeError(f"the store at {store_dir} cuts files into {chunk_size}-byte "
+                          f"chunks, the run into {snap.chunk_size}: use another store")
+
+
 def import_snapshot(store_dir: Path, volume: str, snap: RemoteSnapshot, *, remote_url: str,
                     latest: int, owner_token: str, generation: int,
                     inline_max: int) -> dict:
@@ -180,13 +214,8 @@ def import_snapshot(store_dir: Path, volume: str, snap: RemoteSnapshot, *, remot
             st.close()
     st = Store(store_dir, volume, chunk_size=snap.chunk_size, inline_max=inline_max)
     try:
-        current = remotestate.remote_url(st)
-        if current is not None and current != remote_url:
-            raise ResumeError(f"the store at {store_dir} keeps its chunks in {current}, not "
-                              f"{remote_url}: resume into a run dir with a store of its own")
-        if st.chunk_size != snap.chunk_size:
-            raise ResumeError(f"the store at {store_dir} cuts files into {st.chunk_size}-byte "
-                              f"chunks, the run into {snap.chunk_size}: use another store")
+        _check_store_fits(store_dir, remotestate.remote_url(st), st.chunk_size, snap,
+                          remote_url)
         return _import(st, snap, remote_url=remote_url, latest=latest, owner_token=owner_token,
                        generation=generation)
     finally:
