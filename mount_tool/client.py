@@ -171,6 +171,8 @@ class ControlClient:
                 raise
             self._sock = sock
             self._buffer = bytearray()
+        else:
+            self._sock.settimeout(self.timeout)  # `timeout` may have changed since
         return self._sock
 
     def _read_line(self, sock: socket.socket) -> bytes:

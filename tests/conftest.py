@@ -98,7 +98,7 @@ class MountedRun:
         if pidfile.exists():
             try:
                 os.kill(int(pidfile.read_text().strip()), 9)
-            except (ValueError, ProcessLookupError, PermissionError):
+            except (ValueError, ProcessLookupError, PermissionError, FileNotFoundError):
                 pass
 
 
