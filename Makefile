@@ -12,8 +12,11 @@ setup:
 demo: setup
 	@$(PY) -m mount_tool.demo
 
+# Two workers, a test file each at a time: most tests wait on mounts, daemons
+# and servers rather than on the CPU. `make test PYTEST_JOBS=0` runs serially.
+PYTEST_JOBS ?= 2
 test: setup
-	@$(PYTEST) -q
+	@$(PYTEST) -q -n $(PYTEST_JOBS) --dist loadfile
 
 # Storage unit tests only (no FUSE needed).
 test-fast: setup
@@ -21,7 +24,7 @@ test-fast: setup
 
 # Longer variants (crash rounds, model-based examples) than CI runs.
 test-long: setup
-	@VFSD_LONG=1 $(PYTEST) -q
+	@VFSD_LONG=1 $(PYTEST) -q -n $(PYTEST_JOBS) --dist loadfile
 
 bench: setup
 	@$(PY) bench/fs_bench.py
