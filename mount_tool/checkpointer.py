@@ -794,7 +794,9 @@ class VfsdCheckpointer(BaseCheckpointSaver):
                     self._unpublished.popleft()
 
     def _sync(self, snapshot: str, *, tolerate_gone: bool = False,
-              timeout: float | None = None) -> None:
+              timeout: float | None = None, stored: bool = False) -> None:
+        """Wait until `snapshot` is published. `stored`: its checkpoint is stored
+        already (flush), which the error then says instead of "not stored"."""
         try:
             self.mount.sync(snapshot, timeout=self.sync_timeout if timeout is None else timeout)
         except ControlError as exc:
@@ -804,9 +806,11 @@ class VfsdCheckpointer(BaseCheckpointSaver):
                 return
             if exc.code not in ("timeout", "not_publishable"):
                 raise
+            consequence = ("its checkpoint is stored but cannot be resumed on another "
+                           "worker yet" if stored else "so the checkpoint was not stored")
             raise SnapshotNotPublished(
-                f"snapshot {snapshot} is not published, so the checkpoint was not stored: "
-                f"{exc.message}", snapshot=snapshot, reason=exc.message) from None
+                f"snapshot {snapshot} is not published, {consequence}: {exc.message}",
+                snapshot=snapshot, reason=exc.message) from None
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every snapshot a stored checkpoint names is published
@@ -828,9 +832,10 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             if left <= 0:
                 reason = f"flush's {timeout:g} s ran out before it was published"
                 raise SnapshotNotPublished(
-                    f"snapshot {oldest} is not published: {reason}", snapshot=oldest,
+                    f"snapshot {oldest} is not published, its checkpoint is stored but "
+                    f"cannot be resumed on another worker yet: {reason}", snapshot=oldest,
                     reason=reason)
-            self._sync(oldest, tolerate_gone=True, timeout=left)
+            self._sync(oldest, tolerate_gone=True, timeout=left, stored=True)
             with self._lock:
                 if self._unpublished and self._unpublished[0] == oldest:
                     self._unpublished.popleft()

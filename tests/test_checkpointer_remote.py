@@ -151,6 +151,11 @@ def test_behind_bounds_the_lag_and_flush_publishes_the_rest(
             with pytest.raises(SnapshotNotPublished):
                 build(waiting).compile(checkpointer=strict).invoke({"i": 0}, strict_config)
             assert list(saver.list(strict_config)) == []
+            # flush() under the fault: the checkpoints are stored, and it says so.
+            with pytest.raises(SnapshotNotPublished) as info:
+                behind.flush(timeout=1)
+            assert "checkpoint is stored" in str(info.value), str(info.value)
+            assert "not stored" not in str(info.value)
         finally:
             server.resume()
         behind.flush(timeout=120)
