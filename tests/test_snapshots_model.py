@@ -378,3 +378,64 @@ def test_entries_of_an_interrupted_first_snapshot_free_their_content(tmp_path, d
         assert fsck(store).clean
     finally:
         store.close()
+
+
+def test_fsck_repair_of_an_unneeded_entry_keeps_shared_content_counted(tmp_path):
+    """An entry no snapshot needs (its snapshot record lost) is dropped by
+    `fsck --repair`; content it shares with live files and other entries must
+    keep every remaining reference (the repair used to take its references
+    off twice, leaving a count one short: a later release would free content
+    still in use)."""
+    store = Store(tmp_path / "store", chunk_size=CS)
+    files = OpenFiles(store, chunk_size=CS, inline_max=INLINE)
+    snaps = Snapshots(store, keep_last=5, keep_steps=0)
+    try:
+        ino = store.create(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0).ino
+        shared = os.urandom(CS)
+        for _ in range(2):  # two versions whose first block is the same
+            of = files.acquire(ino)
+            files.truncate(of, 0)
+            files.write(of, 0, shared + os.urandom(CS))
+            files.release(of)
+            snaps.create()
+        with store.txn(write=True) as txn:  # the damage: s1's record is gone
+            first = next(iter(txn.cursor(db=store.db["snap"])))[0]
+            txn.delete(bytes(first), db=store.db["snap"])
+        rep = fsck(store)
+        assert any("needed by no snapshot" in p for p in rep.problems), rep.problems
+        fsck(store, repair=True)
+        rep = fsck(store, verify=True)
+        assert rep.clean, rep.problems
+    finally:
+        store.close()
+
+
+def test_fsck_notes_an_unfinished_first_snapshot_and_repair_drops_it(tmp_path):
+    """The entries a crash left mid-way through a first snapshot are not
+    damage (fsck stays clean and says what they are); `--repair` drops them
+    and the content only they held."""
+    store = Store(tmp_path / "store", chunk_size=CS)
+    files = OpenFiles(store, chunk_size=CS, inline_max=INLINE)
+    snaps = Snapshots(store, keep_last=5, keep_steps=0)
+    try:
+        ino = store.create(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0).ino
+        of = files.acquire(ino)
+        files.write(of, 0, os.urandom(4 * CS))
+        files.release(of)
+        view = snaps.first_begin()
+        items, _ = snaps.first_read(view, None, 1000)
+        snaps.first_write(items)
+        snaps.first_abort(view)  # the entries stay, as after a crash
+        store.free_inode(store.unlink(ROOT_INO, b"f").ino)
+
+        rep = fsck(store)
+        assert rep.clean, rep.problems
+        assert len(rep.notes) == 1 and "first snapshot that did not finish" in rep.notes[0]
+        rep = fsck(store, repair=True)
+        assert any("unfinished first snapshot" in r for r in rep.repaired), rep.repaired
+        assert list(store.chunks.iter_all()) == []
+        rep = fsck(store, verify=True)
+        assert rep.clean and not rep.notes, (rep.problems, rep.notes)
+        assert snaps.create()["seq"] == 1
+    finally:
+        store.close()

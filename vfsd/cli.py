@@ -766,6 +766,8 @@ def _print_fsck(report, after, as_json: bool) -> None:
         return
     for p in report.problems:
         click.echo(f"problem: {p}")
+    for n in report.notes:
+        click.echo(f"note: {n}")
     for r in report.repaired:
         click.echo(f"repaired: {r}")
     for f in report.damaged_files:

@@ -13,7 +13,9 @@ references found, and whose object is present (and, with `verify`, hashes
 right: inline objects and chunk files alike); no chunk file or temporary
 without a record. Snapshots: entries decode, `sgen` lists exactly the
 entries, each older entry is needed by a retained snapshot, and each
-unchanged object's newest entry equals the live object.
+unchanged object's newest entry equals the live object. Entries of a first
+snapshot that a crash cut short are a note, not a problem: the next snapshot
+drops them.
 
 Remote stores (`remotestate`): a referenced chunk file may be absent locally
 when it is in the bucket ("remote-only", counted, not a problem); it is damage
@@ -24,7 +26,8 @@ name only referenced chunk files, and its counters must match it.
 
 Repaired (`repair=True`): orphans freed, stray chunk files and temporaries
 deleted, refcounts, indexes, counters and the `sgen` list rewritten, entries
-no snapshot needs dropped, changed-but-unmarked objects marked, dangling
+no snapshot needs dropped (and those of an unfinished first snapshot, with
+the content only they held), changed-but-unmarked objects marked, dangling
 names dropped. Content that is gone (a missing or altered object) cannot
 come back: such files are reported, and reading them keeps failing with EIO.
 """
@@ -60,6 +63,8 @@ class FsckReport:
     repaired: list[str] = field(default_factory=list)
     damaged_files: list[str] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    #: what is not damage but a repair tidies (left by a crash that vfsd recovers from)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -70,7 +75,7 @@ class FsckReport:
 
     def as_dict(self) -> dict:
         return {"clean": self.clean, "problems": self.problems, "repaired": self.repaired,
-                "damaged_files": self.damaged_files, "stats": self.stats}
+                "damaged_files": self.damaged_files, "stats": self.stats, "notes": self.notes}
 
 
 def volumes(store: Store) -> dict[str, int]:
@@ -176,9 +181,12 @@ def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
                      "content_referenced": len(refs_found),
                      "chunk_files": len(set(store.chunks.iter_all())), "volumes": len(vols),
                      "remote_only": remote_only}
-    if not repair or rep.clean:
+    if not repair or (rep.clean and not snap_fixes):
         return rep
     _repair(store, vols, rep, refs_found, index_fix, counter_fix, snap_fixes)
+    # The repair may itself drop content the upload table names: checked again.
+    with store.txn() as txn:
+        upload_fix = _check_upload(store, txn, FsckReport()) or upload_fix
     if upload_fix:
         _repair_upload(store, rep)
     return rep
@@ -356,10 +364,17 @@ def _check_snapshots(store: Store, txn, volume: _Volume, rep: FsckReport,
             gen.add((_U64.unpack(k[4:12])[0], bytes(k[12:])))
     want_gen = set()
     last = _get_u64(txn, db["meta"], b"v" + vb + b":snap_seq")
+    leftovers = 0
     for okey, versions in entries.items():
         for i, (seq, value) in enumerate(versions):
             want_gen.add((seq, okey))
-            if seq > last:
+            if seq > last == 0:
+                # A first snapshot writes its entries in steps and publishes
+                # last: a crash meanwhile leaves them, holding references,
+                # until the next first snapshot drops them.
+                leftovers += 1
+                fixes.append(("drop_counted", vb + okey + _U64.pack(seq), value))
+            elif seq > last:
                 rep.problem(f"volume {volume.name!r}: entry at seq {seq} after the last "
                             f"snapshot {last}")
             try:
@@ -376,6 +391,10 @@ def _check_snapshots(store: Store, txn, volume: _Volume, rep: FsckReport,
                 continue
             for ref in held:
                 refs_found[ref] += 1
+    if leftovers:
+        rep.notes.append(f"volume {volume.name!r}: {leftovers} entries of a first snapshot "
+                         "that did not finish (a crash during it, or one in progress); the "
+                         "next snapshot drops them, `vfsd fsck --repair` does now")
     if gen != want_gen:
         rep.problem(f"volume {volume.name!r}: snapshot change list has "
                     f"{len(gen - want_gen)} stale and {len(want_gen - gen)} missing records")
@@ -575,16 +594,25 @@ def _repair(store: Store, vols: dict[str, _Volume], rep: FsckReport, refs_found:
                 for ino in missing:
                     txn.put(_VI.pack(volume.vol, ino), b"", db=db["hotino"])
                 rep.repaired.append(f"volume {volume.name!r}: hot-file index rebuilt")
+        dropped_leftovers = 0
         for action, key, value in snap_fixes:
             if action == "drop":
+                # Its references were left out of `refs_found` when it was found.
+                txn.delete(key, db=db["sver"])
+                rep.repaired.append("dropped a snapshot entry no snapshot needs")
+            elif action == "drop_counted":
                 for ref in entry_refs(key[4:-8], value):
                     refs_found[ref] -= 1
                 txn.delete(key, db=db["sver"])
-                rep.repaired.append("dropped a snapshot entry no snapshot needs")
+                dropped_leftovers += 1
             elif action == "mark":
                 txn.put(key, b"", db=db["sdirty"])
                 rep.repaired.append("marked an unrecorded change for the next snapshot")
-        for vb in {key[:4] for action, key, _ in snap_fixes if action in ("regen", "drop")}:
+        if dropped_leftovers:
+            rep.repaired.append(f"dropped {dropped_leftovers} entries of an unfinished first "
+                                "snapshot")
+        for vb in {key[:4] for action, key, _ in snap_fixes
+                   if action in ("regen", "drop", "drop_counted")}:
             _rebuild_sgen(txn, db, vb)
         if any(a == "regen" for a, _, _ in snap_fixes):
             rep.repaired.append("snapshot change lists rebuilt")
