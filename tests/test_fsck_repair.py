@@ -86,7 +86,7 @@ def test_repair_leaves_a_store_that_stays_clean(tmp_path, seed):
         rep = fsck(store, verify=True)
         assert rep.clean, (kind, rep.problems)
         assert {ino: read(files, ino) for ino in live} == live, kind
-        for i, ino in enumerate(live):
+        for i in range(len(live)):
             store.free_inode(store.unlink(ROOT_INO, b"f%d" % i).ino)
         snaps = Snapshots(store, keep_last=3, keep_steps=0)
         for _ in range(4):  # the old snapshots age out and free their content
