@@ -127,3 +127,49 @@ def test_restores_bring_back_exactly_what_each_snapshot_held(tmp_path, seed):
         vfsd_cli("fsck", str(run.run_dir), "--verify")
     finally:
         run.cleanup()
+
+
+@pytest.mark.parametrize("seed", range(SEEDS // 2))
+def test_restores_bring_back_evicted_files(tmp_path, seed):
+    """Files written, marked done or pinned, removed, and evicted as the step
+    advances: a restore brings back exactly the snapshot's tree, evicted files
+    included, for as long as the snapshot is retained."""
+    rnd = random.Random(seed)
+    run = MountedRun(tmp_path / "run", ("--chunk-size", str(CS), "--inline-max", "4096"))
+    try:
+        run.mount()
+        m = mount_tool.Mount.attach(run.run_dir)
+        root = run.root
+        held: dict[str, dict[str, bytes]] = {}
+        for step in range(50):
+            op = rnd.choice(["put", "put", "done", "pin", "step", "step", "snapshot",
+                             "restore", "unlink"])
+            name = f"d{rnd.randrange(2)}/f{rnd.randrange(4)}"
+            path = root / name
+            if op == "put":
+                path.parent.mkdir(exist_ok=True)
+                path.write_bytes(rnd.randbytes(rnd.choice([10, 5000, CS + 10, 3 * CS])))
+            elif op == "done" and path.exists():
+                m.client.call("set_status", path=name, status="done")
+            elif op == "pin" and path.exists():
+                m.client.call("pin", path=name)
+            elif op == "unlink" and path.exists():
+                path.unlink()
+            elif op == "step":
+                now = m.client.call("get_step")["step"]
+                m.client.call("set_step", step=now + rnd.randint(1, 30))  # evicts
+            elif op == "snapshot":
+                ident = m.snapshot()["id"]
+                held[ident] = tree(root)
+                assert tree(root / ".vfsd" / "snapshots" / ident) == held[ident], step
+            elif op == "restore":
+                retained = {s["id"] for s in m.snapshots()} & set(held)
+                if retained:
+                    ident = rnd.choice(sorted(retained))
+                    m.restore(ident)
+                    assert tree(root) == held[ident], (step, ident)
+        m.detach()
+        run.umount()
+        vfsd_cli("fsck", str(run.run_dir), "--verify")
+    finally:
+        run.cleanup()
