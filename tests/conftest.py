@@ -33,6 +33,21 @@ def vfsd_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.
     return proc
 
 
+def tree(root: Path) -> dict[str, bytes | str]:
+    """path -> bytes (files), "-> target" (symlinks) or "dir", as the shell sees them."""
+    out: dict[str, bytes | str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".vfsd"]
+        rel = os.path.relpath(dirpath, root)
+        for d in dirnames:
+            out[os.path.normpath(os.path.join(rel, d)) + "/"] = "dir"
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            key = os.path.normpath(os.path.join(rel, f))
+            out[key] = ("-> " + os.readlink(p)) if os.path.islink(p) else Path(p).read_bytes()
+    return out
+
+
 def is_mounted(path: Path) -> bool:
     """True when `path` is a mount point (mountinfo's octal escapes decoded)."""
     target = os.fsencode(os.path.realpath(path))

@@ -10,11 +10,9 @@ client (`Bucket`).
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
-from conftest import MountedRun, vfsd_cli
+from conftest import MountedRun, tree, vfsd_cli  # noqa: F401 - tree: used by importers
 
 from vfsd.manifest import decode
 from vfsd.remote import digest_of_chunk_key, parse_run_key, seq_of_manifest_name
@@ -55,21 +53,6 @@ def wait_for(predicate, what: str, limit: float = 60.0, every: float = 0.1):
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
         time.sleep(every)
-
-
-def tree(root: Path) -> dict[str, bytes | str]:
-    """path -> bytes (files), "-> target" (symlinks) or "dir", as the shell sees them."""
-    out: dict[str, bytes | str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".vfsd"]
-        rel = os.path.relpath(dirpath, root)
-        for d in dirnames:
-            out[os.path.normpath(os.path.join(rel, d)) + "/"] = "dir"
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            key = os.path.normpath(os.path.join(rel, f))
-            out[key] = ("-> " + os.readlink(p)) if os.path.islink(p) else Path(p).read_bytes()
-    return out
 
 
 def log_errors(run: MountedRun) -> list[str]:

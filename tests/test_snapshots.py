@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MountedRun, is_mounted, vfsd_cli
+from conftest import MountedRun, is_mounted, tree, vfsd_cli
 from ctl import connect
 
 pytestmark = pytest.mark.fuse
@@ -28,21 +28,6 @@ def sh(cmd: str, cwd: Path) -> str:
 
 def snap(run: MountedRun, *args: str) -> str:
     return vfsd_cli("snapshot", run.run_dir, *args).stdout.strip()
-
-
-def tree(root: Path) -> dict[str, bytes | str]:
-    """path -> content (files) or link target, as the shell's tools see them."""
-    out: dict[str, bytes | str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".vfsd"]
-        rel = os.path.relpath(dirpath, root)
-        for d in dirnames:
-            out[os.path.normpath(os.path.join(rel, d)) + "/"] = "dir"
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            key = os.path.normpath(os.path.join(rel, f))
-            out[key] = ("-> " + os.readlink(p)) if os.path.islink(p) else Path(p).read_bytes()
-    return out
 
 
 def test_snapshot_view_restore_as_the_shell_sees_it(run) -> None:

@@ -348,6 +348,21 @@ def test_first_snapshot_in_steps_is_the_tree_at_its_start(tmp_path) -> None:
         store.close()
 
 
+def leave_an_interrupted_first_snapshot(store: Store, files: OpenFiles,
+                                        snaps: Snapshots) -> None:
+    """A file of four chunks, the entries of a first snapshot that a crash cut
+    short (they stay and hold its content), then the file deleted."""
+    ino = store.create(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0).ino
+    of = files.acquire(ino)
+    files.write(of, 0, os.urandom(4 * CS))
+    files.release(of)
+    view = snaps.first_begin()
+    items, _ = snaps.first_read(view, None, 1000)
+    snaps.first_write(items)
+    snaps.first_abort(view)
+    store.free_inode(store.unlink(ROOT_INO, b"f").ino)
+
+
 @pytest.mark.parametrize("defer", [False, True], ids=["one-shot", "daemon"])
 def test_entries_of_an_interrupted_first_snapshot_free_their_content(tmp_path, defer):
     """A first snapshot cut short leaves entries that hold references; the
@@ -357,15 +372,7 @@ def test_entries_of_an_interrupted_first_snapshot_free_their_content(tmp_path, d
     files = OpenFiles(store, chunk_size=CS, inline_max=INLINE)
     snaps = Snapshots(store, keep_last=5, keep_steps=0)
     try:
-        ino = store.create(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0).ino
-        of = files.acquire(ino)
-        files.write(of, 0, os.urandom(4 * CS))
-        files.release(of)
-        view = snaps.first_begin()
-        items, _ = snaps.first_read(view, None, 1000)
-        snaps.first_write(items)
-        snaps.first_abort(view)  # the entries stay, as after a crash
-        store.free_inode(store.unlink(ROOT_INO, b"f").ino)
+        leave_an_interrupted_first_snapshot(store, files, snaps)
         assert len(list(store.chunks.iter_all())) == 4  # the stale entries hold them
 
         view = snaps.first_begin()
@@ -418,15 +425,7 @@ def test_fsck_notes_an_unfinished_first_snapshot_and_repair_drops_it(tmp_path):
     files = OpenFiles(store, chunk_size=CS, inline_max=INLINE)
     snaps = Snapshots(store, keep_last=5, keep_steps=0)
     try:
-        ino = store.create(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0).ino
-        of = files.acquire(ino)
-        files.write(of, 0, os.urandom(4 * CS))
-        files.release(of)
-        view = snaps.first_begin()
-        items, _ = snaps.first_read(view, None, 1000)
-        snaps.first_write(items)
-        snaps.first_abort(view)  # the entries stay, as after a crash
-        store.free_inode(store.unlink(ROOT_INO, b"f").ino)
+        leave_an_interrupted_first_snapshot(store, files, snaps)
 
         rep = fsck(store)
         assert rep.clean, rep.problems

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 import pytest
-from conftest import MountedRun, vfsd_cli
+from conftest import MountedRun, tree, vfsd_cli
 
 import mount_tool
 
@@ -25,16 +24,6 @@ CS = 64 * 1024
 SEEDS = 150 if os.environ.get("VFSD_LONG") == "1" else 16
 OPS = ["put", "put", "pwrite", "pwrite", "hold", "held write", "held write", "truncate",
        "unlink", "rename", "snapshot", "snapshot", "restore", "check"]
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".vfsd"]
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            out[os.path.relpath(path, root)] = Path(path).read_bytes()
-    return out
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
