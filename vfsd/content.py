@@ -29,6 +29,7 @@ import errno
 import os
 import struct
 from collections import Counter
+from collections.abc import Iterable
 
 import xxhash
 
@@ -133,12 +134,7 @@ class ContentStore:
                 txn.put(digest, bytes(data), db=self.db["blob"])
             else:
                 self._write_file(digest, data)
-        if loc == LOC_FILE:
-            remotestate.add_pending(txn, self.db, self._bump, digest, len(data))
-            self.created.append((digest, len(data)))
-        self._count_object(txn, loc, len(data), +1)
-        txn.put(digest, _RECORD.pack(1, len(data), loc), db=db)
-        return make_ref(digest, loc)
+        return self._first_ref(txn, digest, len(data), loc)
 
     def put_settled(self, txn, digest: bytes, size: int, *, data: bytes | None = None,
                     tmp=None) -> bytes:
@@ -167,16 +163,21 @@ class ContentStore:
                 else:
                     self.chunks.install(tmp, digest)
                     tmp = None
-            if loc == LOC_FILE:
-                remotestate.add_pending(txn, self.db, self._bump, digest, size)
-                self.created.append((digest, size))
-            self._count_object(txn, loc, size, +1)
-            txn.put(digest, _RECORD.pack(1, size, loc), db=db)
-            return make_ref(digest, loc)
+            return self._first_ref(txn, digest, size, loc)
         finally:
             if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+    def _first_ref(self, txn, digest: bytes, size: int, loc: int) -> bytes:
+        """Record an object whose bytes are in place (new, or back from a
+        tombstone) with one reference; its block reference."""
+        if loc == LOC_FILE:
+            remotestate.add_pending(txn, self.db, self._bump, digest, size)
+            self.created.append((digest, size))
+        self._count_object(txn, loc, size, +1)
+        txn.put(digest, _RECORD.pack(1, size, loc), db=self.db["content"])
+        return make_ref(digest, loc)
 
     def _write_file(self, digest: bytes, data) -> None:
         try:
@@ -309,7 +310,7 @@ class ContentStore:
                     freed.append(digest)
         return freed
 
-    def delete_unreferenced(self, env_txn, digests: list[bytes]) -> int:
+    def delete_unreferenced(self, env_txn, digests: Iterable[bytes]) -> int:
         """Delete chunk files whose count is still zero (called in a new write
         txn); how many went."""
         db = self.db["content"]

@@ -363,9 +363,10 @@ class ControlServer:
         return self.evictor.run(dry_run=_arg(req, "dry_run", bool, False))
 
     async def op_ref(self, req: dict) -> dict:
-        await self.ops.hash_hot_blocks(self._inode_for(req).ino)
-        # Looked up again: the name may have changed while the thread hashed.
-        return self.file_ref(self._inode_for(req).ino)
+        ino = self._inode_for(req).ino
+        if await self.ops.hash_hot_blocks(ino):
+            ino = self._inode_for(req).ino  # the name may have moved while it hashed
+        return self.file_ref(ino)
 
     async def op_resolve(self, req: dict) -> dict:
         ref = _arg(req, "ref", dict)

@@ -35,7 +35,7 @@ class Batch:
 
     chunks: set[bytes] = field(default_factory=set)
     hot: set[tuple[int, int]] = field(default_factory=set)
-    doomed: list[bytes] = field(default_factory=list)
+    doomed: set[bytes] = field(default_factory=set)
     doomed_hot: set[tuple[int, int]] = field(default_factory=set)
     #: a write transaction committed (what a periodic sync bounds)
     commits: bool = False
@@ -44,7 +44,7 @@ class Batch:
         self.commits |= other.commits
         self.chunks |= other.chunks
         self.hot |= other.hot
-        self.doomed += other.doomed
+        self.doomed |= other.doomed
         self.doomed_hot |= other.doomed_hot
 
     def has_files(self) -> bool:
@@ -81,7 +81,7 @@ class Ledger:
     def doom_chunks(self, digests: list[bytes]) -> None:
         if digests:
             with self._lock:
-                self._open.doomed += digests
+                self._open.doomed.update(digests)
             self._wake()
 
     def doom_hot(self, vol: int, ino: int) -> None:
@@ -116,10 +116,10 @@ class Ledger:
     def synced(self, batch: Batch) -> None:
         """LMDB was synced after every file of `batch`: its doomed files may go."""
         with self._lock:
-            self._ready.doomed += batch.doomed
+            self._ready.doomed |= batch.doomed
             self._ready.doomed_hot |= batch.doomed_hot
 
-    def take_ready(self) -> tuple[list[bytes], set[tuple[int, int]]]:
+    def take_ready(self) -> tuple[set[bytes], set[tuple[int, int]]]:
         """Files whose last naming record is gone from LMDB's durable state."""
         with self._lock:
             ready, self._ready = self._ready, Batch()

@@ -454,21 +454,23 @@ class VfsdOperations(pyfuse3.Operations):
             return self._entry(self.set_attrs(ino, **changes))
         return self._entry(self._attrs(ino))
 
-    async def hash_hot_blocks(self, ino: int) -> None:
+    async def hash_hot_blocks(self, ino: int) -> bool:
         """Hash an open file's hot blocks in a worker thread, so that the file
         hash that follows on the loop reads none (or only those written
-        meanwhile): a big database being written can have a GiB of them."""
+        meanwhile): a big database being written can have a GiB of them.
+        Returns whether it waited (the tree may have changed meanwhile)."""
         of = self.files.get(ino)
         if of is None or not of.hot:
-            return
+            return False
         path, plan = self.files.hot_hash_plan(of)
         if not plan:
-            return
+            return False
         try:
             hashed = await trio.to_thread.run_sync(hash_hot_blocks, self.files.cs, path, plan)
         except OSError:
-            return  # settled and gone meanwhile: the hash reads what is there now
+            return True  # settled and gone meanwhile: the hash reads what is there now
         self.files.adopt_hot_hashes(of, hashed)
+        return True
 
     def set_attrs(self, ino: int, **changes) -> Inode:
         """Change attributes in the store and in the open file, if any; the result.

@@ -34,7 +34,7 @@ from .head import Head, fetch_chain, read_head
 from .inode import Inode
 from .manifest import Manifest, ManifestError
 from .objstore import ObjectStore
-from .snapshots import snapshot_id, unpack_inode_entry
+from .snapshots import put_inode_entry, snapshot_id, unpack_inode_entry
 from .store import ROOT_INO, Store
 
 _U64 = struct.Struct(">Q")
@@ -242,7 +242,7 @@ def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
                 if okey[:1] == b"i":
                     ino = _U64.unpack(okey[1:9])[0]
                     max_ino = max(max_ino, ino)
-                    _put_live_inode(st, txn, ino, value, refs)
+                    put_inode_entry(txn, st, ino, value, refs)
                     for ref in unpack_inode_entry(ino, value).blocks.values():
                         refs[ref] += 1  # the snapshot entry's own reference
                 else:
@@ -280,24 +280,3 @@ def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
             "bytes": entry.get("bytes", 0), "published_ns": time.time_ns(), "imported": True})
         txn.delete(st._vp + b"incomplete", db=meta)
     return record
-
-
-def _put_live_inode(st: Store, txn, ino: int, value: bytes, refs: Counter) -> None:
-    e = unpack_inode_entry(ino, value)
-    inode = e.inode
-    inode.vol = st.vol
-    key = st._key(ino)
-    for idx, ref in e.blocks.items():
-        txn.put(key + _U64.pack(idx), ref, db=st.db["block"])
-        refs[ref] += 1
-    if e.target:
-        txn.put(key, e.target, db=st.db["link"])
-    for name, val in e.xattrs:
-        txn.put(key + name, val, db=st.db["xattr"])
-        st._bump(txn, b"xattr_bytes", len(name) + len(val))
-    old = None
-    raw = txn.get(key, db=st.db["inode"])
-    if raw is not None:  # the volume's own root, made when it was created
-        old = Inode.unpack(ino, raw)
-    st._reindex(txn, old, inode)
-    st._put_inode(txn, inode)

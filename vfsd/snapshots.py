@@ -163,6 +163,28 @@ def unpack_inode_entry(ino: int, raw: bytes) -> InodeEntry:
     return InodeEntry(inode, parent, name, blocks, target, xattrs)
 
 
+def put_inode_entry(txn, dest: Store, ino: int, value: bytes, refs: Counter) -> None:
+    """Make inode entry `value` a live inode of `dest`'s volume (a fork, a
+    resume): blocks, link target, xattrs, indexes; the references its blocks
+    take are added to `refs`. An inode already there (the root a new volume
+    starts with) is replaced."""
+    e = unpack_inode_entry(ino, value)
+    inode = e.inode
+    inode.vol = dest.vol
+    key = dest._key(ino)
+    for idx, ref in e.blocks.items():
+        txn.put(key + _U64.pack(idx), ref, db=dest.db["block"])
+        refs[ref] += 1
+    if e.target:
+        txn.put(key, e.target, db=dest.db["link"])
+    for name, val in e.xattrs:
+        txn.put(key + name, val, db=dest.db["xattr"])
+        dest._bump(txn, b"xattr_bytes", len(name) + len(val))
+    raw = txn.get(key, db=dest.db["inode"])
+    dest._reindex(txn, Inode.unpack(ino, raw) if raw is not None else None, inode)
+    dest._put_inode(txn, inode)
+
+
 def entry_refs(okey: bytes, value: bytes) -> list[bytes]:
     """Content references an entry holds."""
     if not value or okey[:1] != b"i":
@@ -904,7 +926,7 @@ class Snapshots:
                     if not got or not got[1]:
                         continue
                     if okey[:1] == b"i":
-                        self._copy_inode(txn, dest, _U64.unpack(okey[1:9])[0], got[1], refs)
+                        put_inode_entry(txn, dest, _U64.unpack(okey[1:9])[0], got[1], refs)
                     else:
                         dest._add_entry(txn, _U64.unpack(okey[1:9])[0], okey[10:],
                                         _U64.unpack(got[1])[0])
@@ -928,23 +950,6 @@ class Snapshots:
                     best[bytes(k[4:-8])] = bool(len(v))
         out = [k for k, present in best.items() if present]
         return out
-
-    @staticmethod
-    def _copy_inode(txn, dest: Store, ino: int, value: bytes, refs: Counter) -> None:
-        e = unpack_inode_entry(ino, value)
-        inode = e.inode
-        inode.vol = dest.vol
-        key = dest._key(ino)
-        for idx, ref in e.blocks.items():
-            txn.put(key + _U64.pack(idx), ref, db=dest.db["block"])
-            refs[ref] += 1
-        if e.target:
-            txn.put(key, e.target, db=dest.db["link"])
-        for name, val in e.xattrs:
-            txn.put(key + name, val, db=dest.db["xattr"])
-            dest._bump(txn, b"xattr_bytes", len(name) + len(val))
-        dest._reindex(txn, None, inode)
-        dest._put_inode(txn, inode)
 
     # ------------------------------------------------------------- locate
 

@@ -31,8 +31,10 @@ SLOT_BITS = 20
 #: file handles of snapshot files (the control directory's count up from BASE)
 FH_BASE = SNAP_BASE
 #: directory listings kept: `ls` of a big directory takes many readdir calls,
-#: each of which would otherwise list the whole directory again
+#: each of which would otherwise list the whole directory again. Bounded in
+#: entries too (~100 B each); the newest listing is kept whatever its size.
 LISTINGS_KEPT = 4
+LISTED_ENTRIES_KEPT = 100_000
 
 
 def is_snap(ino: int) -> bool:
@@ -148,7 +150,9 @@ class SnapshotView:
         items = self._listings.get(key)
         if items is None:
             items = self._listings[key] = self.snaps.readdir(seq, ino)
-            while len(self._listings) > LISTINGS_KEPT:
+            while len(self._listings) > 1 and (
+                    len(self._listings) > LISTINGS_KEPT
+                    or sum(map(len, self._listings.values())) > LISTED_ENTRIES_KEPT):
                 self._listings.popitem(last=False)
         else:
             self._listings.move_to_end(key)

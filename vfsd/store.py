@@ -969,9 +969,13 @@ class Store(NamespaceMixin, XattrMixin):
 
     def hot_inodes(self) -> list[int]:
         """Inodes of this volume that have hot blocks."""
+        return self._inodes_in("hotino")
+
+    def _inodes_in(self, table: str) -> list[int]:
+        """Inode numbers of this volume in a (vol, ino) -> b"" table."""
         out = []
         with self.txn() as txn:
-            cur = txn.cursor(db=self.db["hotino"])
+            cur = txn.cursor(db=self.db[table])
             if cur.set_range(self._vb):
                 for k in cur.iternext(values=False):
                     if k[:4] != self._vb:
@@ -1050,15 +1054,7 @@ class Store(NamespaceMixin, XattrMixin):
 
     def orphans(self) -> list[int]:
         """Nameless inodes of this volume waiting to be freed."""
-        out = []
-        with self.txn() as txn:
-            cur = txn.cursor(db=self.db["orphan"])
-            if cur.set_range(self._vb):
-                for k in cur.iternext(values=False):
-                    if k[:4] != self._vb:
-                        break
-                    out.append(_VI.unpack(k)[1])
-        return out
+        return self._inodes_in("orphan")
 
     # ------------------------------------------------------------ logs
 
