@@ -397,24 +397,23 @@ class Uploader:
         digest = item.digest
         if self._in_flight.pop(digest, None) is not None:
             self._backlog_bytes -= max(item.size, 0)
-        self.stats["dropped"] += 1
-        event = self._events.pop(digest, None)
-        if event is not None:
-            self._failed[digest] = "the chunk is no longer needed"
-            event.set()
-        self._room.set()
+        self._not_needed(digest)
 
     def forget(self, digest: bytes) -> None:
         """Drop a queued chunk whose last reference went (trio thread)."""
         item = self._queue.pop(digest, None)
         if item is not None:
             self._backlog_bytes -= max(item.size, 0)
-            self.stats["dropped"] += 1
-            event = self._events.pop(digest, None)
-            if event is not None:
-                self._failed[digest] = "the chunk is no longer needed"
-                event.set()
-            self._room.set()
+            self._not_needed(digest)
+
+    def _not_needed(self, digest: bytes) -> None:
+        """Count a dropped chunk, tell whoever waits for it, make room."""
+        self.stats["dropped"] += 1
+        event = self._events.pop(digest, None)
+        if event is not None:
+            self._failed[digest] = "the chunk is no longer needed"
+            event.set()
+        self._room.set()
 
     def _retry_later(self, item: PendingChunk, error: str) -> None:
         self._requeue(item)
