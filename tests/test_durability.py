@@ -25,6 +25,13 @@ CS = 4096
 INLINE = 512
 
 
+
+@pytest.fixture(autouse=True)
+def small_reserve(monkeypatch):
+    """Hundreds of stores per run: the 8 MiB disk-full reserve each would make
+    is not what these tests are about."""
+    monkeypatch.setattr(Store, "RESERVE_BYTES", 64 << 10)
+
 def write_whole(files: OpenFiles, ino: int, data: bytes) -> None:
     of = files.acquire(ino)
     files.truncate(of, 0)

@@ -30,6 +30,13 @@ SEEDS = 3000 if os.environ.get("VFSD_LONG") == "1" else 300
 DAMAGE = ["snapshot record", "change list", "change mark", "entry", "count up", "count down"]
 
 
+
+@pytest.fixture(autouse=True)
+def small_reserve(monkeypatch):
+    """Hundreds of stores per run: the 8 MiB disk-full reserve each would make
+    is not what these tests are about."""
+    monkeypatch.setattr(Store, "RESERVE_BYTES", 64 << 10)
+
 def build(store: Store, files: OpenFiles, rnd: random.Random) -> dict[int, bytes]:
     """Six rounds of rewriting two files from a pool of four blocks, each
     followed by a snapshot (three retained); the live files' bytes."""

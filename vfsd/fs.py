@@ -760,10 +760,8 @@ class VfsdOperations(pyfuse3.Operations):
         self.store.delete_synced(self.files.files.__contains__)
 
     def _sync_now(self, digests: list[bytes], hot: int | None = None) -> None:
-        self.store.chunks.fsync(digests)
-        if hot is not None:
-            self.store.hot.fsync(self.store.vol, hot)
-        self.store.sync()
+        # One sync fsyncs each file once: these and what the ledger holds.
+        self.store.sync(digests, [(self.store.vol, hot)] if hot is not None else ())
 
     @_guard
     async def release(self, fh):

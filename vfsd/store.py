@@ -528,12 +528,17 @@ class Store(NamespaceMixin, XattrMixin):
             os.close(self._hold)
             self._hold = None
 
-    def sync(self) -> None:
+    def sync(self, chunks=(), hot=()) -> None:
         """Make committed transactions durable, after the files they name
-        (safe in a worker thread; see `durability`)."""
+        (safe in a worker thread; see `durability`). `chunks` (digests) and
+        `hot` ((vol, ino)) are files to make durable too: what an fsync()ed
+        file names that this store's ledger may not hold (a chunk another
+        daemon wrote, a hot file's own writes)."""
         led = self.durability
         with led.sync_lock:
             batch = led.take()
+            batch.chunks.update(chunks)
+            batch.hot.update(hot)
             try:
                 self._sync_files(batch)
                 for _ in range(3):  # what commits made meanwhile, a few rounds
