@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from common import cpu_pressure, load_average, machine_info, print_machine  # noqa: E402
 from s3server import S3Server  # noqa: E402
 
-from vfsd.chunks import ChunkStore, chunk_hash  # noqa: E402
-from vfsd.objstore import ObjectStore, RemoteSettings  # noqa: E402
+from vfsd.remote.objstore import ObjectStore, RemoteSettings  # noqa: E402
+from vfsd.store.chunks import ChunkStore, chunk_hash  # noqa: E402
 
 MiB = 1 << 20
 
@@ -183,7 +183,7 @@ class Bench:
     def uploader(self, thread_counts: list[int]) -> None:
         import trio
 
-        from vfsd.uploader import PendingChunk, Uploader
+        from vfsd.remote.uploader import PendingChunk, Uploader
 
         chunks = ChunkStore(self.base / "upload-chunks")
         for n in thread_counts:

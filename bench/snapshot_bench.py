@@ -65,8 +65,8 @@ def change(root: Path, count: int, total: int, tag: str) -> None:
 
 def entry_bytes(store_dir: Path, volume: str, seq: int) -> tuple[int, int]:
     """(entries, bytes) written by snapshot `seq`, read from the store."""
-    from vfsd.snapshots import _U64
-    from vfsd.store import Store
+    from vfsd.snapshots.snapshots import _U64
+    from vfsd.store.store import Store
 
     st = Store(store_dir, volume, readonly=True, create=False)
     try:

@@ -5,7 +5,7 @@ Usage (from the repo):
     .venv/bin/python bench/startup_bench.py [--files N] [--rounds R] [--json FILE|-]
 
 Before it mounts, the daemon lets a child process read every record of every
-table (`vfsd.lmdbcheck`), so damaged pages refuse the mount instead of killing
+table (`vfsd.store.lmdbcheck`), so damaged pages refuse the mount instead of killing
 the daemon at its first unlucky read. This bench fills a store with N small
 files (default 100,000 files of ~1 KB, written through the mount by 4 threads),
 unmounts it, then per round, interleaved:
@@ -45,7 +45,7 @@ from common import (  # noqa: E402
     wait_for_quiet,
 )
 
-from vfsd.lmdbcheck import check_readable  # noqa: E402
+from vfsd.store.lmdbcheck import check_readable  # noqa: E402
 
 
 def fill(mount: VfsdMount, n_files: int, file_size: int, writers: int) -> float:

@@ -72,7 +72,7 @@ def content_hash(data: bytes, chunk_size: int = DEFAULT_CHUNK_SIZE) -> str:
     vfsd hashes a file as the xxh3-128 of a header (tag, size, chunk size)
     followed by the xxh3-128 of each `chunk_size` block, so it can hash any
     file from its block digests without reading it. This is the same
-    definition, over bytes in memory (`vfsd.filehash`; the tests keep the two
+    definition, over bytes in memory (`vfsd.store.filehash`; the tests keep the two
     equal).
     """
     view = memoryview(data)

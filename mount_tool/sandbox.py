@@ -11,7 +11,7 @@ namespaces, where:
   secrets /etc holds masked; /tmp and /run are private tmpfs, fresh for each
   call; /proc shows the sandbox's own processes, /dev a minimal set of devices.
   The daemon serves those mount points as hidden virtual directories
-  (vfsd/ctldir.py), so the user's tree never gains entries for them;
+  (vfsd/fuse/ctldir.py), so the user's tree never gains entries for them;
 - the command's PID namespace ends with the call: every process it started,
   detached ones included, is gone when `run` returns;
 - there is no network unless asked for (a network namespace with only
@@ -52,7 +52,7 @@ from .errors import MountToolError
 
 ISOLATION_MODES = ("bwrap", "none")
 #: Mount points the sandbox needs at the root of the run's files. The daemon
-#: serves exactly these as hidden virtual directories (vfsd/ctldir.py).
+#: serves exactly these as hidden virtual directories (vfsd/fuse/ctldir.py).
 SANDBOX_DIRS = (
     "bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "tmp", "usr",
 )

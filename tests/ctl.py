@@ -1,6 +1,6 @@
 """A raw client for the vfsd control socket, for tests.
 
-Unlike `vfsd.client.ControlClient` it never interprets replies: tests see the
+Unlike `vfsd.control.client.ControlClient` it never interprets replies: tests see the
 exact reply document, can send arbitrary bytes, and notice a closed connection.
 Every read is bounded by the socket timeout, so a test cannot hang on a
 daemon that never answers.

@@ -12,9 +12,9 @@ import os
 import time
 from pathlib import Path
 
-from vfsd.chunks import ChunkStore, chunk_hash
-from vfsd.objstore import RemoteSettings
-from vfsd.uploader import PendingChunk
+from vfsd.remote.objstore import RemoteSettings
+from vfsd.remote.uploader import PendingChunk
+from vfsd.store.chunks import ChunkStore, chunk_hash
 
 
 def settings_for(server, **overrides) -> RemoteSettings:

@@ -14,8 +14,8 @@ import time
 
 from conftest import MountedRun, tree, vfsd_cli  # noqa: F401 - tree: used by importers
 
-from vfsd.manifest import decode
-from vfsd.remote import digest_of_chunk_key, parse_run_key, seq_of_manifest_name
+from vfsd.remote.layout import digest_of_chunk_key, parse_run_key, seq_of_manifest_name
+from vfsd.remote.manifest import decode
 
 #: short timeouts and retries, so faults show within seconds
 FAST = ("--remote-lease-ttl", "5", "--remote-retry-base-delay", "0.05",

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from vfsd.chunks import ChunkStore, chunk_hash
-from vfsd.content import LOC_FILE, LOC_LMDB
 from vfsd.errors import CorruptChunk, NotFound
-from vfsd.openfiles import OpenFiles
-from vfsd.store import Store
+from vfsd.fuse.openfiles import OpenFiles
+from vfsd.store.chunks import ChunkStore, chunk_hash
+from vfsd.store.content import LOC_FILE, LOC_LMDB
+from vfsd.store.store import Store
 
 CS = 4096
 INLINE = 1024

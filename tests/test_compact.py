@@ -3,7 +3,7 @@
 LMDB reuses freed pages but never shrinks its file: after a workload that
 created and deleted 150 MB of small files, data.mdb stayed at 174 MB with no
 files left (issue 9, item 9). Compaction rewrites it without free pages
-(`vfsd.compact`). It needs the store to itself: it refuses while any daemon
+(`vfsd.store.compact`). It needs the store to itself: it refuses while any daemon
 (of any run dir on the store) has it open, and nobody can open the store while
 it runs. A crash at any point leaves a store that the next opener recovers.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import MountedRun, is_mounted, vfsd_cli
 
-from vfsd import compact
+from vfsd.store import compact
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 

@@ -3,7 +3,7 @@
 Damaged LMDB pages (issue 9, item 4): the daemon used to mount such a store
 and die of SIGBUS at the first unlucky read, and `vfsd fsck` died with
 `lmdb.CorruptedError`. Now a child process reads every page first
-(`vfsd.lmdbcheck`): `vfsd mount` refuses with a message that names fsck, and
+(`vfsd.store.lmdbcheck`): `vfsd mount` refuses with a message that names fsck, and
 `vfsd fsck` reports and exits 1, whether LMDB noticed the damage (an error)
 or reading it killed the reader (SIGBUS, an assertion's SIGABRT).
 

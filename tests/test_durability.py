@@ -1,4 +1,4 @@
-"""The order of durable writes (vfsd/durability.py), on a real store.
+"""The order of durable writes (vfsd/store/durability.py), on a real store.
 
 A machine crash rolls LMDB back to its last sync. These tests take that
 durable state (a copy of data.mdb right after a sync), go on writing, and
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from vfsd.fsck import fsck
-from vfsd.openfiles import OpenFiles
-from vfsd.snapshots import Snapshots
-from vfsd.store import ROOT_INO, Store
+from vfsd.fuse.openfiles import OpenFiles
+from vfsd.snapshots.snapshots import Snapshots
+from vfsd.store.store import ROOT_INO, Store
 
 CS = 4096
 INLINE = 512

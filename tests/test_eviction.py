@@ -554,7 +554,7 @@ def test_step_advanced_without_eviction_is_finished_at_start(run) -> None:
     # then evict) leaves the step advanced and nothing evicted. Simulated by
     # setting the step in the unmounted store: the next start evicts what the
     # policy says, with eviction records, before any name is visible.
-    from vfsd.store import Store
+    from vfsd.store.store import Store
 
     root = run.root
     for name in ("done", "active", "pinned"):

@@ -18,10 +18,10 @@ from test_store import CountingEnv
 from vfsd import errors
 from vfsd.config import Config
 from vfsd.eviction import Evictor
-from vfsd.filehash import bytes_hash
-from vfsd.inode import STATUS_DONE
-from vfsd.openfiles import OpenFiles
-from vfsd.store import Store
+from vfsd.fuse.openfiles import OpenFiles
+from vfsd.store.filehash import bytes_hash
+from vfsd.store.inode import STATUS_DONE
+from vfsd.store.store import Store
 
 CS = 4096
 INLINE = 1024

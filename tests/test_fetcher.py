@@ -12,10 +12,10 @@ import trio
 from remote_helpers import make_chunks, settings_for
 from s3server import s3_private_server, s3_server  # noqa: F401 - fixtures
 
-from vfsd.chunks import ChunkStore, chunk_hash
-from vfsd.fetcher import ChunkUnavailable, Fetcher, FetchError, FetchTimeout, ReadaheadWindow
-from vfsd.objstore import ObjectStore
-from vfsd.remote import chunk_key
+from vfsd.remote.fetcher import ChunkUnavailable, Fetcher, FetchError, FetchTimeout, ReadaheadWindow
+from vfsd.remote.layout import chunk_key
+from vfsd.remote.objstore import ObjectStore
+from vfsd.store.chunks import ChunkStore, chunk_hash
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The file hash: one definition in vfsd and mount_tool, and a cost that follows what is stored.
 
 A file's hash is built from its blocks' digests, holes included, so hashing
-never reads content (`vfsd.filehash`). Hashing a huge sparse file used to
+never reads content (`vfsd.store.filehash`). Hashing a huge sparse file used to
 zero-fill its holes on the FUSE loop: marking a 200 GB sparse file done and
 advancing the step froze every request to the mount for ~28 s (issue 9,
 item 8). The mount test below fails on such code by its timeout.
@@ -20,7 +20,7 @@ import xxhash
 from conftest import vfsd_cli
 
 from mount_tool.refs import content_hash
-from vfsd.filehash import bytes_hash, file_hash
+from vfsd.store.filehash import bytes_hash, file_hash
 
 CS = 4096
 

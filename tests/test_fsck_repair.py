@@ -18,11 +18,11 @@ import stat
 
 import pytest
 
-from vfsd.content import pack_record, unpack_record
 from vfsd.fsck import fsck
-from vfsd.openfiles import OpenFiles
-from vfsd.snapshots import Snapshots
-from vfsd.store import ROOT_INO, Store
+from vfsd.fuse.openfiles import OpenFiles
+from vfsd.snapshots.snapshots import Snapshots
+from vfsd.store.content import pack_record, unpack_record
+from vfsd.store.store import ROOT_INO, Store
 
 CS = 64
 FILES = 4

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from vfsd import openfiles
-from vfsd.content import HOT_REF, LOC_FILE
-from vfsd.filehash import bytes_hash
-from vfsd.fs import VfsdOperations
 from vfsd.fsck import fsck
-from vfsd.openfiles import OpenFiles, prepare_blocks
-from vfsd.settle import Settler
-from vfsd.snapshots import Snapshots
-from vfsd.store import ROOT_INO, Store
+from vfsd.fuse import openfiles
+from vfsd.fuse.fs import VfsdOperations
+from vfsd.fuse.openfiles import OpenFiles, prepare_blocks
+from vfsd.fuse.settle import Settler
+from vfsd.snapshots.snapshots import Snapshots
+from vfsd.store.content import HOT_REF, LOC_FILE
+from vfsd.store.filehash import bytes_hash
+from vfsd.store.store import ROOT_INO, Store
 
 CS = 4096
 INLINE = 512

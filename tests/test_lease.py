@@ -24,9 +24,9 @@ import trio
 from remote_helpers import settings_for
 from s3server import s3_private_server, s3_server  # noqa: F401 - fixtures
 
-from vfsd.lease import Lease, LeaseHeld, LeaseLost
-from vfsd.objstore import ObjectStore
-from vfsd.remote import lease_key
+from vfsd.remote.layout import lease_key
+from vfsd.remote.lease import Lease, LeaseHeld, LeaseLost
+from vfsd.remote.objstore import ObjectStore
 
 
 @pytest.fixture
@@ -145,8 +145,8 @@ def test_renewals_keep_the_lease_past_its_ttl(store):
 HOLDER = textwrap.dedent("""
     import sys, trio, structlog
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    from vfsd.lease import Lease
-    from vfsd.objstore import ObjectStore, RemoteSettings
+    from vfsd.remote.lease import Lease
+    from vfsd.remote.objstore import ObjectStore, RemoteSettings
     store = ObjectStore(sys.argv[1], RemoteSettings(max_attempts=2, read_timeout=2))
     lease = Lease(store, "crashy", ttl=float(sys.argv[2]))
     lease.acquire()

@@ -1,4 +1,4 @@
-"""The manifest format (vfsd/manifest.py): round trips, and every way a damaged
+"""The manifest format (vfsd/remote/manifest.py): round trips, and every way a damaged
 object is refused with a clear error before anything uses it."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import zlib
 import pytest
 import xxhash
 
-from vfsd.content import LOC_FILE, LOC_LMDB, make_ref
-from vfsd.inode import Inode
-from vfsd.keys import dentry_key, inode_key
-from vfsd.manifest import Manifest, ManifestError, decode, encode
-from vfsd.remote import BadResumeSpec, parse_resume_spec
-from vfsd.snapshots import InodeEntry, pack_inode_entry
+from vfsd.remote.layout import BadResumeSpec, parse_resume_spec
+from vfsd.remote.manifest import Manifest, ManifestError, decode, encode
+from vfsd.snapshots.snapshots import InodeEntry, pack_inode_entry
+from vfsd.store.content import LOC_FILE, LOC_LMDB, make_ref
+from vfsd.store.inode import Inode
+from vfsd.store.keys import dentry_key, inode_key
 
 RUN = "0123456789abcdef0123456789abcdef"
 

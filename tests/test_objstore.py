@@ -16,7 +16,7 @@ import pytest
 from remote_helpers import settings_for
 from s3server import s3_private_server, s3_server  # noqa: F401 - fixtures
 
-from vfsd.objstore import (
+from vfsd.remote.objstore import (
     BadRemoteURL,
     ObjectStore,
     RemoteAccessDenied,

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vfsd import DEFAULT_CHUNK_SIZE, DEFAULT_INLINE_MAX
-from vfsd.content import LOC_FILE, LOC_LMDB
-from vfsd.filehash import bytes_hash
-from vfsd.openfiles import OpenFiles
-from vfsd.store import Store
+from vfsd.fuse.openfiles import OpenFiles
+from vfsd.store.content import LOC_FILE, LOC_LMDB
+from vfsd.store.filehash import bytes_hash
+from vfsd.store.store import Store
 
 CS = 4096
 INLINE = 1024

@@ -30,7 +30,7 @@ from pagecache import drop_page_cache
 from remote_run import FAST, Bucket, snapshot, status, sync, tree, use_server, wait_for
 from s3server import s3_private_server  # noqa: F401 - fixture
 
-from vfsd.manifest import decode, encode
+from vfsd.remote.manifest import decode, encode
 
 pytestmark = pytest.mark.fuse
 MiB = 1 << 20

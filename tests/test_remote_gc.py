@@ -1,5 +1,5 @@
-"""Bucket GC (vfsd/bucketgc.py) against a real SeaweedFS, at the interleavings
-its argument in vfsd/remote.py ("GC") has to survive.
+"""Bucket GC (vfsd/remote/bucketgc.py) against a real SeaweedFS, at the interleavings
+its argument in vfsd/remote/layout.py ("GC") has to survive.
 
 The writer's side is played by the test with plain bucket operations (a
 manifest PUT, an intent or a retired manifest deleted) at the exact moment
@@ -20,16 +20,16 @@ import pytest
 from remote_helpers import settings_for
 from s3server import s3_private_server, s3_server  # noqa: F401 - fixtures
 
-from vfsd import bucketgc
-from vfsd.bucketgc import GcBusy, GcError, sweep
-from vfsd.chunks import chunk_hash
-from vfsd.content import LOC_FILE, make_ref
-from vfsd.inode import Inode
-from vfsd.lease import Lease
-from vfsd.manifest import Manifest, encode
-from vfsd.objstore import ObjectStore, RemoteError
-from vfsd.remote import GC_LEASE_KEY, chunk_key, intent_key, manifest_key
-from vfsd.snapshots import InodeEntry, pack_inode_entry
+from vfsd.remote import bucketgc
+from vfsd.remote.bucketgc import GcBusy, GcError, sweep
+from vfsd.remote.layout import GC_LEASE_KEY, chunk_key, intent_key, manifest_key
+from vfsd.remote.lease import Lease
+from vfsd.remote.manifest import Manifest, encode
+from vfsd.remote.objstore import ObjectStore, RemoteError
+from vfsd.snapshots.snapshots import InodeEntry, pack_inode_entry
+from vfsd.store.chunks import chunk_hash
+from vfsd.store.content import LOC_FILE, make_ref
+from vfsd.store.inode import Inode
 
 RUN = "r1"
 CS = 4096

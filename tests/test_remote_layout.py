@@ -1,11 +1,10 @@
-"""Key names of the bucket layout (vfsd/remote.py): the only place they are built."""
+"""Key names of the bucket layout (vfsd/remote/layout.py): the only place they are built."""
 
 from __future__ import annotations
 
 import pytest
 
-from vfsd.chunks import chunk_hash
-from vfsd.remote import (
+from vfsd.remote.layout import (
     check_run_id,
     chunk_key,
     digest_of_chunk_key,
@@ -15,6 +14,7 @@ from vfsd.remote import (
     parse_run_key,
     run_prefix,
 )
+from vfsd.store.chunks import chunk_hash
 
 
 def test_chunk_keys_round_trip_and_match_the_local_names():

@@ -40,11 +40,11 @@ from s3server import s3_server  # noqa: F401 - fixture
 from vfsdattr import attr_doc
 
 import mount_tool
-from vfsd.bucketgc import sweep
-from vfsd.chunks import chunk_hash
-from vfsd.manifest import decode
-from vfsd.objstore import ObjectStore, RemoteSettings
-from vfsd.remote import chunk_key
+from vfsd.remote.bucketgc import sweep
+from vfsd.remote.layout import chunk_key
+from vfsd.remote.manifest import decode
+from vfsd.remote.objstore import ObjectStore, RemoteSettings
+from vfsd.store.chunks import chunk_hash
 
 pytestmark = pytest.mark.fuse
 MiB = 1 << 20

@@ -159,7 +159,7 @@ def test_sandbox_dirs_are_refused_by_the_file_tools_with_a_reason(mnt, token):
 
 def test_the_mount_points_match_the_daemons():
     """mount_tool keeps its own copy of the list (it never imports vfsd)."""
-    from vfsd import ctldir
+    from vfsd.fuse import ctldir
 
     assert sorted(SANDBOX_DIRS) == sorted(n.decode() for n in ctldir.SANDBOX_DIRS)
 

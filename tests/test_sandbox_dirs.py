@@ -1,4 +1,4 @@
-"""The execute sandbox's mount points in the mount root (vfsd/ctldir.py).
+"""The execute sandbox's mount points in the mount root (vfsd/fuse/ctldir.py).
 
 `execute` runs commands with the mount root as `/` and mounts the system's
 directories, a private /tmp, /proc and /dev on top of it. The daemon serves
@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from vfsd import ctldir
+from vfsd.fuse import ctldir
 
 pytestmark = pytest.mark.fuse
 
@@ -61,7 +61,7 @@ def test_mount_points_cannot_be_created_changed_or_removed(run):
 
 def test_an_existing_entry_with_a_reserved_name_wins(run):
     """Entries made before the names were reserved stay visible and usable."""
-    from vfsd.store import Store
+    from vfsd.store.store import Store
 
     run.umount()
     store = Store(run.state_dir)

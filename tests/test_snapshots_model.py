@@ -20,9 +20,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from vfsd import errors
 from vfsd.fsck import fsck
-from vfsd.openfiles import OpenFiles
-from vfsd.snapshots import Snapshots
-from vfsd.store import ROOT_INO, Store
+from vfsd.fuse.openfiles import OpenFiles
+from vfsd.snapshots.snapshots import Snapshots, drop_volume
+from vfsd.store.store import ROOT_INO, Store
 
 CS = 64
 INLINE = 16
@@ -236,7 +236,7 @@ class SnapshotMachine(RuleBasedStateMachine):
         assert live_tree(dest, OpenFiles(dest, chunk_size=CS, inline_max=INLINE)) == \
             self.recorded[seq]
         assert fsck(self.store).clean
-        self.store.drop_volume("fork")
+        drop_volume(self.store, "fork")
 
     @precondition(lambda self: self.recorded)
     @rule(i=st.integers(0, 10), j=st.integers(0, 10))

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from vfsd import errors, eventlog
+from vfsd import errors
 from vfsd.errors import StoreLocked
-from vfsd.inode import STATUS_DONE
-from vfsd.openfiles import OpenFiles
+from vfsd.fuse.openfiles import OpenFiles
 from vfsd.rundir import lock_volume
-from vfsd.store import Store
+from vfsd.store import eventlog
+from vfsd.store.inode import STATUS_DONE
+from vfsd.store.store import Store
 
 CS = 4096
 INLINE = 1024
@@ -592,8 +593,8 @@ def test_two_processes_share_one_store(store_dir: Path) -> None:
         script = textwrap.dedent(f"""
             import json, os, stat
             from pathlib import Path
-            from vfsd.openfiles import OpenFiles
-            from vfsd.store import Store
+            from vfsd.fuse.openfiles import OpenFiles
+            from vfsd.store.store import Store
             s = Store(Path({str(store_dir)!r}), "run-b")
             ino = s.create(s.root_ino, b"f", stat.S_IFREG | 0o644, 0, 0).ino
             files = OpenFiles(s, chunk_size={CS}, inline_max={INLINE})

@@ -22,10 +22,10 @@ import trio
 from remote_helpers import FileBacklog, make_chunks, settings_for
 from s3server import s3_private_server, s3_server  # noqa: F401 - fixtures
 
-from vfsd.chunks import ChunkStore, chunk_hash
-from vfsd.objstore import ObjectStore, RemoteNotFound
-from vfsd.remote import chunk_key, digest_of_chunk_key
-from vfsd.uploader import PendingChunk, Uploader, UploadFailed
+from vfsd.remote.layout import chunk_key, digest_of_chunk_key
+from vfsd.remote.objstore import ObjectStore, RemoteNotFound
+from vfsd.remote.uploader import PendingChunk, Uploader, UploadFailed
+from vfsd.store.chunks import ChunkStore, chunk_hash
 
 TESTS = Path(__file__).resolve().parent
 
@@ -262,9 +262,9 @@ CRASHER = textwrap.dedent("""
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     sys.path.insert(0, sys.argv[4])
     from remote_helpers import FileBacklog
-    from vfsd.chunks import ChunkStore
-    from vfsd.objstore import ObjectStore, RemoteSettings
-    from vfsd.uploader import Uploader
+    from vfsd.store.chunks import ChunkStore
+    from vfsd.remote.objstore import ObjectStore, RemoteSettings
+    from vfsd.remote.uploader import Uploader
 
     chunks = ChunkStore(Path(sys.argv[2]), create=False)
     backlog = FileBacklog(Path(sys.argv[3]))

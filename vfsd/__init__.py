@@ -1,10 +1,12 @@
 """vfsd: a FUSE filesystem daemon for LLM agent artifacts.
 
-The stack, top to bottom: `fs` (FUSE operations) -> `openfiles` (per-inode write
-buffers) -> `store` (LMDB metadata, the only module that knows the key layout)
-and `chunks` (content-addressed chunk files). `eviction` decides what leaves,
-`control` serves the control socket, `daemon` wires them into one trio nursery,
-and `cli` is the command line.
+The packages are the layers, lowest first: `store` (LMDB metadata, content
+objects, chunk files; the only code that knows the key layout), `snapshots`
+(versions of a volume's tree), `remote` (the object-store tier) and `fuse`
+(pyfuse3 operations), then `config`, `eviction`, `status`, `metrics` and
+`fsck`, then `control` (the control socket), `daemon` (one trio nursery wiring
+them together) and `cli` (the command line). Imports run down that list only
+(README, "Architecture"; `tests/test_layers.py` checks it).
 """
 
 __version__ = "0.1.0"

@@ -48,7 +48,7 @@ class Config:
     snapshot_keep_last: int = 32
     snapshot_keep_steps: int = 20
     xattr_reads: bool = False
-    # The object store tier (`vfsd.objstore`). Endpoint and credentials come
+    # The object store tier (`vfsd.remote.objstore`). Endpoint and credentials come
     # from the standard AWS chain (AWS_* environment variables, ~/.aws/config
     # and credentials) unless these name them; secrets never sit in this file.
     #: s3://BUCKET/PREFIX: the run's chunks and published snapshots go there
@@ -139,7 +139,7 @@ class Config:
                 raise ConfigError(f"{name} must be {what}, got {value!r}")
 
         if self.remote_url is not None:
-            from .objstore import BadRemoteURL, RemoteURL
+            from vfsd.remote.objstore import BadRemoteURL, RemoteURL
 
             try:
                 RemoteURL.parse(self.remote_url)

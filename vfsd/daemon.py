@@ -20,24 +20,27 @@ import pyfuse3
 import structlog
 import trio
 
-from . import __version__, compact, ctldir, notify, remotestate
+from vfsd.fuse import ctldir
+from vfsd.fuse.evictlog_view import EvictionLogView
+from vfsd.fuse.fs import VfsdOperations
+from vfsd.fuse.openfiles import OpenFiles
+from vfsd.fuse.settle import Settler
+from vfsd.fuse.snapservice import SnapshotService
+from vfsd.fuse.snapview import SnapshotView
+from vfsd.remote.objstore import RemoteURL
+from vfsd.remote.remotetier import RemoteStartupError, RemoteTier
+from vfsd.snapshots.snapshots import Snapshots
+from vfsd.store import compact, remotestate
+from vfsd.store.lmdbcheck import check_readable
+from vfsd.store.store import Store
+
+from . import __version__, notify
 from .config import Config
 from .errors import StartupError, StoreError, StoreLocked, StoreVersionError
 from .eviction import Evictor
-from .evictlog_view import EvictionLogView
-from .fs import VfsdOperations
-from .lmdbcheck import check_readable
 from .logs import setup_logging
 from .metrics import start_metrics_server
-from .objstore import RemoteURL
-from .openfiles import OpenFiles
-from .remotetier import RemoteStartupError, RemoteTier
 from .rundir import RunDir, lock_volume, mount_state, remove_stale_mount
-from .settle import Settler
-from .snapservice import SnapshotService
-from .snapshots import Snapshots
-from .snapview import SnapshotView
-from .store import Store
 
 log = structlog.get_logger("vfsd.daemon")
 
@@ -215,7 +218,7 @@ class Daemon:
     # ------------------------------------------------------------------ run
 
     async def main(self, ready) -> None:
-        from .control import ControlServer
+        from vfsd.control.server import ControlServer
 
         control = ControlServer(self)
         async with trio.open_nursery() as nursery:

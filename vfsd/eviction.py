@@ -15,9 +15,10 @@ import time
 import pyfuse3
 import structlog
 
+from vfsd.store.inode import STATUS_NAMES
+
 from . import errors
 from .config import Config
-from .inode import STATUS_NAMES
 
 log = structlog.get_logger("vfsd.eviction")
 

@@ -42,14 +42,16 @@ from dataclasses import dataclass, field
 import xxhash
 from tqdm import tqdm
 
-from . import errors, remotestate
-from .chunks import chunk_hash
-from .content import HOT_REF, LOC_FILE, LOC_LMDB, pack_record, unpack_record
-from .inode import Inode
-from .lmdbcheck import check_readable
+from vfsd.snapshots.snapshots import Snapshots, entry_refs, okey_len
+from vfsd.store import remotestate
+from vfsd.store.chunks import chunk_hash
+from vfsd.store.content import HOT_REF, LOC_FILE, LOC_LMDB, pack_record, unpack_record
+from vfsd.store.inode import Inode
+from vfsd.store.lmdbcheck import check_readable
+from vfsd.store.store import ROOT_INO, Store, _get_u64
+
+from . import errors
 from .rundir import lock_volume
-from .snapshots import Snapshots, entry_refs, okey_len
-from .store import ROOT_INO, Store, _get_u64
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -499,7 +501,7 @@ def _check_content(store: Store, txn, rep: FsckReport, refs_found: Counter, veri
 
 
 def _bucket_chunks(remote) -> set[bytes]:
-    from .remote import CHUNKS_DIR, digest_of_chunk_key
+    from vfsd.remote.layout import CHUNKS_DIR, digest_of_chunk_key
 
     out = set()
     for info in remote.list(CHUNKS_DIR + "/"):
@@ -510,7 +512,7 @@ def _bucket_chunks(remote) -> set[bytes]:
 
 
 def _remote_chunk_ok(remote, digest: bytes) -> bool:
-    from .remote import chunk_key
+    from vfsd.remote.layout import chunk_key
 
     try:
         data = remote.get(chunk_key(digest), max_bytes=64 << 20).data

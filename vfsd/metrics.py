@@ -98,7 +98,7 @@ class DaemonCollector(Collector):
         remote = getattr(self.daemon, "remote", None)
         if remote is None:
             return
-        from . import remotestate
+        from vfsd.store import remotestate
 
         with self._store_lock:
             if self._closed:

@@ -38,7 +38,7 @@ def store_status(store) -> dict:
 
 def _remote_summary(store) -> dict | None:
     """The remote tier as the store records it (the running daemon says more)."""
-    from . import remotestate
+    from vfsd.store import remotestate
 
     if store.db.get("upload") is None:
         return None

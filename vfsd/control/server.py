@@ -1,0 +1,506 @@
+"""The control socket: newline-delimited JSON requests from the agent side.
+
+See docs/control.md for the protocol. Every failure becomes an error reply;
+a bad client never takes down the daemon or another client: anything a
+connection's task raises ends that connection only (and is logged), and the
+accept loop survives whatever accept() says. Requests are handled
+synchronously on the trio thread, like FUSE requests, so each one is atomic
+with respect to the filesystem.
+
+Connections are bounded in number (connslots: idle ones make room for new
+ones, so idle clients cannot lock anyone out) and in time: a connection that
+sends no complete request, or does not take its reply, within the idle
+timeout is closed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+import struct
+from collections.abc import Callable
+
+import structlog
+import trio
+
+from vfsd import __version__, errors
+from vfsd.remote.bucketgc import GcError, sweep
+from vfsd.remote.objstore import RemoteError
+from vfsd.remote.publisher import NotPublishable, SyncTimeout
+from vfsd.snapshots.snapshots import SnapshotError, SnapshotNotFound
+from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
+
+from .connslots import IDLE, READING, WORKING, Slot, SlotTable
+from .protocol import MAX_REQUEST, ProtocolError, decode_request, encode_reply
+from .unixpath import reachable_socket_path
+
+log = structlog.get_logger("vfsd.control")
+
+MAX_CONNECTIONS = 64
+#: no uid may hold more slots than this (root keeps room next to the owner;
+#: a daemon running as root serves root alone, which may hold them all)
+MAX_CONNECTIONS_PER_UID = 48
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+MAX_INT = (1 << 63) - 1  # steps and inode numbers are stored as unsigned 64-bit
+# What a vanished client looks like; not worth more than a debug line.
+_CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)
+
+
+class RequestError(Exception):
+    """A request that gets an error reply with `code`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _arg(req: dict, name: str, kind: type | tuple, default=...):
+    if name not in req:
+        if default is ...:
+            raise RequestError("bad_request", f"missing argument {name!r}")
+        return default
+    value = req[name]
+    if isinstance(value, bool) and kind is int:
+        raise RequestError("bad_request", f"{name!r} must be an integer")
+    if not isinstance(value, kind):
+        raise RequestError("bad_request", f"{name!r} has the wrong type ({type(value).__name__})")
+    if kind is int and not 0 <= value <= MAX_INT:
+        raise RequestError("bad_request", f"{name!r} must be between 0 and {MAX_INT}")
+    return value
+
+
+def _path_arg(req: dict) -> str:
+    """The `path` argument, which must encode to bytes (names that are not
+    UTF-8 arrive as surrogate escapes; a lone surrogate names nothing)."""
+    path = _arg(req, "path", str)
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise RequestError("bad_request", f"path {path!r} is not valid Unicode") from None
+    return path
+
+
+class ControlServer:
+    """Serves `RUN_DIR/.vfsd/vfsd.sock` for one daemon."""
+
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+        self.store = daemon.store
+        self.files = daemon.ops.files
+        self.ops = daemon.ops
+        self.evictor = daemon.evictor
+        self.path = daemon.run.sock
+        config = getattr(daemon, "config", None)
+        self.idle_timeout = float(getattr(config, "control_idle_timeout", None)
+                                  or DEFAULT_IDLE_TIMEOUT_S)
+        # Root and the daemon's owner may connect; when they are one uid, it has every slot.
+        per_uid = MAX_CONNECTIONS if os.getuid() == 0 else MAX_CONNECTIONS_PER_UID
+        self.slots = SlotTable(MAX_CONNECTIONS, per_uid)
+        self.requests = 0
+        self.handlers: dict[str, Callable[[dict], dict]] = {
+            "ping": self.op_ping, "stats": self.op_stats, "get_step": self.op_get_step,
+            "set_step": self.op_set_step, "evict": self.op_evict, "ref": self.op_ref,
+            "resolve": self.op_resolve, "set_status": self.op_set_status,
+            "pin": self.op_pin, "unpin": self.op_unpin, "changes": self.op_changes,
+            "evicted": self.op_evicted, "gc": self.op_gc,
+            "snapshot": self.op_snapshot, "snapshots": self.op_snapshots,
+            "snapshot_delete": self.op_snapshot_delete, "snapshot_pin": self.op_snapshot_pin,
+            "restore": self.op_restore, "diff": self.op_diff, "fork": self.op_fork,
+            "locate": self.op_locate, "sync": self.op_sync,
+            "publish_status": self.op_publish_status,
+        }
+        # Requests that change files: refused once another worker holds the run.
+        self.mutating = {"set_step", "evict", "set_status", "pin", "unpin", "restore"}
+
+    @property
+    def connections(self) -> int:
+        return len(self.slots)
+
+    # ------------------------------------------------------------ serving
+
+    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Created owner-only from the start: no window where others can connect.
+        old = os.umask(0o177)
+        try:
+            with reachable_socket_path(self.path) as address:
+                await sock.bind(address)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(128)
+        listener = trio.SocketListener(sock)
+        task_status.started()
+        async with listener, trio.open_nursery() as nursery:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    # Out of file descriptors or memory: wait, never give up the socket.
+                    log.warning("control_accept_failed", error=str(exc))
+                    await trio.sleep(0.1)
+                    continue
+                nursery.start_soon(self._handle_conn, stream)
+
+    def _peer_uid(self, stream: trio.SocketStream) -> int:
+        raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                       struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", raw)
+        return uid
+
+    async def _handle_conn(self, stream: trio.SocketStream) -> None:
+        """One connection, start to end. Nothing it raises reaches the nursery."""
+        try:
+            async with stream:
+                await self._serve_conn(stream)
+        except _CLIENT_GONE:
+            log.debug("control_client_gone")
+        except Exception:
+            log.exception("control_connection_failed")
+
+    async def _serve_conn(self, stream: trio.SocketStream) -> None:
+        uid = self._peer_uid(stream)
+        if uid not in (os.getuid(), 0):
+            await self._send_bounded(stream, encode_reply(
+                None, error=("forbidden", "peer uid not allowed")))
+            return
+        slot = self.slots.admit(uid)
+        if slot is None:
+            await self._send_bounded(stream, encode_reply(None, error=(
+                "busy", f"the daemon is saturated: all {MAX_CONNECTIONS} control connections "
+                        "are in the middle of a request; retry shortly")))
+            return
+        try:
+            with slot.scope:
+                await self._conn_loop(stream, slot)
+        finally:
+            self.slots.release(slot)
+        if slot.evicted:
+            log.debug("control_idle_connection_closed", uid=uid, reason="slot needed")
+
+    async def _send_bounded(self, stream: trio.SocketStream, data: bytes) -> bool:
+        """Send within the idle timeout; False if the client did not take it."""
+        with trio.move_on_after(self.idle_timeout):
+            await stream.send_all(data)
+            return True
+        log.info("control_client_not_reading", timeout_s=self.idle_timeout)
+        return False
+
+    async def _read_line(self, stream: trio.SocketStream, slot: Slot, buf: bytearray):
+        """The next request line, or None when the connection ends (end of
+        input, or an error reply that closes it: too large, cut off)."""
+        nl = buf.find(b"\n")
+        while nl < 0:
+            if len(buf) > MAX_REQUEST:
+                await self._send_bounded(stream, encode_reply(None, error=(
+                    "too_large", f"request exceeds {MAX_REQUEST} bytes")))
+                return None
+            slot.set_state(READING if buf else IDLE)
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                if buf.strip():
+                    await self._send_bounded(stream, encode_reply(None, error=(
+                        "bad_json", "connection closed inside a request")))
+                return None
+            start = len(buf)
+            buf += chunk
+            nl = buf.find(b"\n", start)
+        line = bytes(buf[:nl])
+        del buf[:nl + 1]
+        return line
+
+    async def _conn_loop(self, stream: trio.SocketStream, slot: Slot) -> None:
+        buf = bytearray()
+        while True:
+            with trio.move_on_after(self.idle_timeout) as waiting:
+                line = await self._read_line(stream, slot, buf)
+            if waiting.cancelled_caught:
+                log.debug("control_connection_timed_out", timeout_s=self.idle_timeout)
+                return
+            if line is None:
+                return
+            if not line.strip():
+                continue
+            slot.set_state(WORKING)
+            slot.requests += 1
+            req_id, result, error = await self.handle_line(line)
+            if error is not None and error[0] == "too_large":
+                await self._send_bounded(stream, encode_reply(req_id, error=error))
+                return
+            reply = encode_reply(req_id, result=result, error=error)
+            # Names that eviction removed must be gone from the kernel's cache
+            # before the client hears back: `ls` right after must not see them.
+            pending = self.evictor.take_invalidations()
+            if pending:
+                await self._invalidate(pending)
+            if not await self._send_bounded(stream, reply):
+                return
+
+    async def _invalidate(self, pending) -> None:
+        try:
+            await trio.to_thread.run_sync(self.evictor.invalidate_now, pending)
+        except Exception:
+            log.exception("control_invalidation_failed")
+
+    async def handle_line(self, line: bytes):
+        """(id, result, error) for one request line. Never raises."""
+        self.requests += 1
+        try:
+            req = decode_request(line)
+        except ProtocolError as exc:
+            return None, None, (exc.code, exc.message)
+        req_id = req.get("id")
+        op = req.get("op")
+        if not isinstance(op, str):
+            return req_id, None, ("bad_request", "missing 'op' (a string)")
+        handler = self.handlers.get(op)
+        if handler is None:
+            return req_id, None, ("unknown_op", f"unknown op {op[:100]!r}; known: "
+                                  + ", ".join(sorted(self.handlers)))
+        try:
+            if op in self.mutating and not (op == "evict" and req.get("dry_run") is True):
+                self._check_writable()
+            result = handler(req)
+            if inspect.isawaitable(result):
+                result = await result
+            return req_id, result, None
+        except RequestError as exc:
+            return req_id, None, (exc.code, exc.message)
+        except SnapshotNotFound as exc:
+            return req_id, None, ("not_found", str(exc))
+        except SyncTimeout as exc:
+            return req_id, None, ("timeout", str(exc))
+        except NotPublishable as exc:
+            return req_id, None, ("not_publishable", str(exc))
+        except GcError as exc:
+            return req_id, None, ("gc_failed", str(exc))
+        except RemoteError as exc:
+            return req_id, None, ("remote_error", str(exc))
+        except SnapshotError as exc:
+            return req_id, None, ("bad_request", str(exc))
+        except errors.NotFound as exc:
+            return req_id, None, ("not_found", f"no such file: {exc}")
+        except errors.Corrupt as exc:  # the store's fault, not the request's
+            return req_id, None, ("damaged", f"the store is damaged: {exc}; "
+                                  "`vfsd fsck --verify RUN_DIR` lists what is affected")
+        except errors.StoreError as exc:
+            return req_id, None, ("bad_request", str(exc) or type(exc).__name__)
+        except Exception as exc:
+            log.exception("control_request_failed", op=op)
+            return req_id, None, ("internal", f"{type(exc).__name__}: {exc}")
+
+    # -------------------------------------------------------------- helpers
+
+    def _check_writable(self) -> None:
+        remote = self.daemon.remote
+        if remote is not None and not remote.writable():
+            raise RequestError("read_only", f"this mount is read-only: {remote.reason}")
+
+    def _remote(self):
+        remote = self.daemon.remote
+        if remote is None:
+            raise RequestError("no_remote", "this run dir has no remote tier (mount it with "
+                                            "--remote s3://BUCKET/PREFIX)")
+        return remote
+
+    def _inode_for(self, req: dict) -> Inode:
+        if "path" in req:
+            path = _path_arg(req)
+            parts = [p for p in path.split("/") if p not in ("", ".")]
+            if ".." in parts:
+                raise RequestError("forbidden", f"path {path!r} leaves the mount")
+            inode = self.store.resolve_path("/".join(parts))
+        elif "ino" in req:
+            ino = _arg(req, "ino", int)
+            try:
+                inode = self.store.get_inode(ino)
+            except errors.NotFound:
+                raise RequestError("not_found", f"no inode {ino}") from None
+            if inode.vol != self.store.vol or inode.nlink == 0:
+                raise RequestError("not_found", f"no inode {ino}")
+        else:
+            raise RequestError("bad_request", "give 'path' or 'ino'")
+        if not inode.is_reg:
+            raise RequestError("not_a_file", "not a regular file")
+        return inode
+
+    def file_ref(self, ino: int, path: str | None = None) -> dict:
+        digest = self.files.content_hash(ino).hex()
+        inode = self.files.attrs(ino)
+        if path is None:
+            path = self.store.path_of(ino)
+        return {"ino": ino, "gen": inode.gen, "path": path or "", "size": inode.size,
+                "hash": digest, "step": inode.step, "status": STATUS_NAMES[inode.status]}
+
+    # ------------------------------------------------------------ handlers
+
+    def op_ping(self, req: dict) -> dict:
+        return {"pong": True, "pid": os.getpid(), "version": __version__}
+
+    def op_stats(self, req: dict) -> dict:
+        from vfsd.status import live_status
+
+        return live_status(self.daemon)
+
+    def op_get_step(self, req: dict) -> dict:
+        return {"step": self.store.get_step()}
+
+    def op_set_step(self, req: dict) -> dict:
+        step = _arg(req, "step", int)
+        if step < 0:
+            raise RequestError("bad_request", "'step' must be >= 0")
+        current = self.store.get_step()
+        if step < current:
+            raise RequestError("bad_request", f"step {step} is before the current step {current}")
+        return self.evictor.set_step(step)
+
+    def op_evict(self, req: dict) -> dict:
+        return self.evictor.run(dry_run=_arg(req, "dry_run", bool, False))
+
+    async def op_ref(self, req: dict) -> dict:
+        ino = self._inode_for(req).ino
+        if await self.ops.hash_hot_blocks(ino):
+            ino = self._inode_for(req).ino  # the name may have moved while it hashed
+        return self.file_ref(ino)
+
+    async def op_resolve(self, req: dict) -> dict:
+        ref = _arg(req, "ref", dict)
+        ino, gen = _arg(ref, "ino", int), _arg(ref, "gen", int)
+        await self.ops.hash_hot_blocks(ino)  # first: what follows must not await
+        try:
+            inode = self.store.get_inode(ino)
+        except errors.NotFound:
+            inode = None
+        if inode is not None and inode.gen == gen and inode.nlink > 0 \
+                and inode.vol == self.store.vol:
+            cur = self.file_ref(ino)
+            matches = "hash" not in ref or ref["hash"] == cur["hash"]
+            return {"state": "live" if matches else "changed", "ref": cur,
+                    "matches": matches, "evicted": None}
+        record = self.store.eviction_record(ino)
+        if record is not None and record.get("gen") == gen:
+            return {"state": "evicted", "ref": None, "matches": False, "evicted": record}
+        return {"state": "missing", "ref": None, "matches": False, "evicted": None}
+
+    def _update(self, req: dict, **changes) -> dict:
+        ino = self._inode_for(req).ino
+        self.ops.set_attrs(ino, **changes)
+        return self.file_ref(ino)
+
+    def op_set_status(self, req: dict) -> dict:
+        status = _arg(req, "status", str)
+        if status not in STATUS_BY_NAME:
+            raise RequestError("bad_request", f"status must be one of {sorted(STATUS_BY_NAME)}")
+        return self._update(req, status=STATUS_BY_NAME[status])
+
+    def op_pin(self, req: dict) -> dict:
+        return self._update(req, pinned=True)
+
+    def op_unpin(self, req: dict) -> dict:
+        return self._update(req, pinned=False)
+
+    #: files per `changes` reply: each costs a block-map read on the loop
+    CHANGES_PAGE = 2000
+
+    def op_changes(self, req: dict) -> dict:
+        """Files changed since a step, a page at a time (`next` resumes)."""
+        since = _arg(req, "since", int)
+        limit = min(_arg(req, "limit", int, self.CHANGES_PAGE), 10_000) or 1
+        after = _arg(req, "after", list, None)
+        if after is not None:
+            if len(after) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                          and 0 <= x <= MAX_INT for x in after):
+                raise RequestError("bad_request", "'after' is [step, ino] from a `next`")
+            page = self.store.scan_index("bystep", since_step=after[0], after_ino=after[1],
+                                         limit=limit)
+        else:
+            page = self.store.scan_index("bystep", since_step=since, limit=limit)
+        changed = [self.file_ref(ino) for _, ino in page]
+        return {"step": self.store.get_step(), "changed": changed,
+                "removed": self.store.removed_since(since) if after is None else [],
+                "next": list(page[-1]) if len(page) == limit else None}
+
+    def op_evicted(self, req: dict) -> dict:
+        limit = _arg(req, "limit", int, 100)
+        if limit < 0:
+            raise RequestError("bad_request", "'limit' must be >= 0")
+        return {"records": self.store.eviction_log(limit)}
+
+    async def op_gc(self, req: dict) -> dict:
+        if not _arg(req, "remote", bool, False):
+            # Tombstones go once durable (see `durability`): sync off the loop first.
+            await trio.to_thread.run_sync(self.store.sync)
+            return self.store.gc_chunks()
+        remote = self._remote()
+        grace = _arg(req, "grace", (int, float), self.daemon.config.remote_gc_grace)
+        if isinstance(grace, bool) or not 1 <= grace <= 365 * 86400:
+            raise RequestError("bad_request", "'grace' must be 1 to 31536000 seconds")
+        dry_run = _arg(req, "dry_run", bool, False)
+        report = await trio.to_thread.run_sync(
+            lambda: sweep(remote.objstore, grace=float(grace), dry_run=dry_run))
+        return report.as_dict()
+
+    async def op_sync(self, req: dict) -> dict:
+        remote = self._remote()
+        timeout = _arg(req, "timeout", (int, float), 60.0)
+        if isinstance(timeout, bool) or not 0 < timeout <= 86400:
+            raise RequestError("bad_request",
+                               "'timeout' must be above 0 and at most 86400 seconds")
+        ident = self._snapshot_id(req) if "snapshot" in req else None
+        return await remote.sync(ident, float(timeout))
+
+    def op_publish_status(self, req: dict) -> dict:
+        return self._remote().publish_status()
+
+    # ----------------------------------------------------------- snapshots
+
+    def _snapshot_id(self, req: dict, name: str = "snapshot") -> str:
+        ident = _arg(req, name, str)
+        if len(ident) > 32:
+            raise RequestError("bad_request", f"{name!r} is not a snapshot id")
+        return ident
+
+    async def op_snapshot(self, req: dict) -> dict:
+        label = _arg(req, "label", str, "")
+        if len(label) > 200:  # checked here: a run's first snapshot takes another path
+            raise RequestError("bad_request", "'label' must be at most 200 characters")
+        return await self.daemon.snapservice.snapshot(
+            pinned=_arg(req, "pin", bool, False), label=label,
+            reuse=_arg(req, "reuse", bool, False))
+
+    def op_snapshots(self, req: dict) -> dict:
+        return self.daemon.snapservice.list()
+
+    def op_snapshot_delete(self, req: dict) -> dict:
+        return self.daemon.snapservice.delete(self._snapshot_id(req))
+
+    def op_snapshot_pin(self, req: dict) -> dict:
+        return self.daemon.snapshots.set_pinned(self._snapshot_id(req),
+                                                _arg(req, "pin", bool, True))
+
+    async def op_restore(self, req: dict) -> dict:
+        return await self.daemon.snapservice.restore(self._snapshot_id(req))
+
+    def op_diff(self, req: dict) -> dict:
+        b = req.get("b")
+        if b in (None, "live"):
+            b = None
+        elif not isinstance(b, str):
+            raise RequestError("bad_request", "'b' is a snapshot id or \"live\"")
+        return self.daemon.snapservice.diff(self._snapshot_id(req, "a"), b)
+
+    async def op_fork(self, req: dict) -> dict:
+        return await self.daemon.snapservice.fork(self._snapshot_id(req),
+                                                  _arg(req, "run_dir", str))
+
+    def op_locate(self, req: dict) -> dict:
+        ref = _arg(req, "ref", dict)
+        found = self.daemon.snapservice.locate(_arg(ref, "ino", int), _arg(ref, "gen", int),
+                                               _arg(ref, "hash", str))
+        return {"found": found is not None, **(found or {})}

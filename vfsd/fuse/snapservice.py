@@ -1,0 +1,319 @@
+"""Snapshot, restore and fork on a mounted volume: the store and the kernel in step.
+
+`snapshots` changes the store; this module makes the mount agree with it.
+Before a snapshot or a restore, whatever programs wrote must be in the store:
+the kernel's dirty pages are written back (`syncfs` on the mount, from a
+worker thread, while the loop serves the WRITE requests that causes), then the
+daemon's own buffers are committed. After a restore, the kernel forgets every
+name and page that changed (from a worker thread: the calls block), and open
+files reload their block maps, so the shell never sees a mix of two trees.
+Operations are serialized by one lock; each store change is one transaction.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import time
+from pathlib import Path
+
+import pyfuse3
+import structlog
+import trio
+
+from vfsd import errors
+from vfsd.rundir import RunDir
+from vfsd.snapshots.snapshots import SnapshotError, Snapshots, drop_volume, parse_id
+
+log = structlog.get_logger("vfsd.snapshots")
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(path: Path) -> None:
+    """Write back every dirty page of the filesystem holding `path`."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+
+
+class SnapshotService:
+    """What the control socket calls for snapshots of the mounted volume."""
+
+    def __init__(self, daemon, snaps: Snapshots) -> None:
+        self.daemon = daemon
+        self.snaps = snaps
+        self.store = snaps.store
+        self.ops = daemon.ops
+        self.lock = trio.Lock()
+
+    async def _quiesce(self) -> None:
+        """Get programs' writes into the store, as content objects.
+
+        Hot blocks are hashed in worker threads first; whatever went hot
+        again meanwhile is settled by the caller with `_settle_rest` in the
+        same loop turn as the snapshot or restore itself.
+        """
+        try:
+            await trio.to_thread.run_sync(syncfs, self.daemon.run.mountpoint)
+        except OSError as exc:  # unit tests without a mount
+            log.debug("syncfs_failed", error=str(exc))
+        self.ops.flush_all()
+        await self.daemon.settler.settle_all()
+
+    def _settle_rest(self) -> None:
+        self.ops.flush_all()
+        self.daemon.settler.settle_rest_now()
+
+    # ------------------------------------------------------------- create
+
+    #: a first snapshot of more objects than this is built in steps (see below)
+    FIRST_IN_ONE_GO = 5000
+    #: objects per step of such a build
+    FIRST_BATCH = 500
+
+    async def snapshot(self, *, pinned: bool = False, label: str = "",
+                       reuse: bool = False) -> dict:
+        """Take a snapshot; with `reuse`, answer the base snapshot instead when
+        the live tree has not changed since it (exact, and no new record)."""
+        async with self.lock:
+            await self._quiesce()
+            self._settle_rest()
+            rec = self._unchanged_base(pinned) if reuse else None
+            if rec is not None:
+                return rec
+            if not self.store.tracking and \
+                    self.store.counters()["inodes_allocated"] > self.FIRST_IN_ONE_GO:
+                rec = await self._first_in_steps(pinned, label)
+            else:
+                rec = self.snaps.create(pinned=pinned, label=label)
+            rec["deleted"] = self._retention()
+        remote = getattr(self.daemon, "remote", None)
+        if remote is not None:
+            remote.kick()  # published in the background (vfsd.remote.publisher)
+        log.info("snapshot", id=rec["id"], entries=rec["entries"],
+                 duration_ms=rec["duration_ms"], deleted=rec["deleted"])
+        return rec
+
+    async def _first_in_steps(self, pinned: bool, label: str) -> dict:
+        """The first snapshot of a large tree: read from one consistent view in
+        worker threads, written a batch per short transaction, so the FUSE
+        loop keeps answering (`Snapshots.first_begin`)."""
+        t0 = time.perf_counter()
+        snaps = self.snaps
+        view = snaps.first_begin()
+        written = 0
+        try:
+            after = None
+            while True:
+                items, after = await trio.to_thread.run_sync(
+                    snaps.first_read, view, after, self.FIRST_BATCH)
+                snaps.first_write(items)
+                written += len(items)
+                if after is None:
+                    break
+            rec = snaps.first_finish(view, written=written, pinned=pinned, label=label)
+        except BaseException:
+            snaps.first_abort(view)
+            raise
+        rec["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        rec["in_steps"] = True
+        return rec
+
+    def _unchanged_base(self, pinned: bool) -> dict | None:
+        """The base snapshot's record (marked `reused`) if the live tree still
+        equals it and it is retained; None otherwise. Call after `_quiesce`."""
+        if not self.store.base_clean:
+            return None
+        base = self.snaps.state()["base"]
+        if base is None:
+            return None
+        try:
+            rec = self.snaps.get(base)
+            if pinned and not rec["pinned"]:
+                rec = self.snaps.set_pinned(base, True)
+        except SnapshotError:
+            return None  # deleted by retention since: take a new one
+        return {**rec, "id": base, "reused": True, "deleted": [], "entries": 0,
+                "duration_ms": 0.0, "live_step": self.store.get_step()}
+
+    def _retention(self) -> list[str]:
+        deleted = self.snaps.apply_retention()
+        for ident in deleted:
+            self._forget_view(ident)
+        return deleted
+
+    def apply_retention(self) -> list[str]:
+        """After a step advance: snapshots too old for the policy go."""
+        return self._retention()
+
+    def _forget_view(self, ident: str) -> None:
+        view = self.ops.snapview
+        if view is None:
+            return
+        view.forget_snapshot(ident)
+        try:
+            from . import snapview
+
+            pyfuse3.invalidate_entry_async(snapview.DIR_INO, ident.encode(),
+                                           ignore_enoent=True)
+        except Exception as exc:  # not mounted (unit tests)
+            log.debug("invalidate_failed", error=str(exc))
+
+    def delete(self, ident: str) -> dict:
+        rec = self.snaps.delete(ident)
+        self._forget_view(ident)
+        return rec
+
+    # ------------------------------------------------------------ restore
+
+    async def restore(self, ident: str) -> dict:
+        async with self.lock:
+            self.snaps.get(ident)  # a clear error before any work
+            await self._quiesce()
+            self._settle_rest()
+            res = self.snaps.restore(ident)
+            files = self.ops.files
+            held_open = [ino for ino in res["inodes"] if ino in files.files]
+            for ino in res["inodes"]:
+                files.reload(ino)
+            self.ops._maybe_free(*res["unlinked"])
+            await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
+        log.info("restored", id=res["id"], changed=res["changed"],
+                 duration_ms=res["duration_ms"])
+        # The kernel keeps its own size of a file held open (writeback cache)
+        # until it is closed: say which ones.
+        open_files = sorted(p for p in (self.store.path_of(i) for i in held_open) if p)
+        return {"id": res["id"], "step": res["step"], "changed": res["changed"],
+                "inodes": len(res["inodes"]), "names": len(res["dentries"]),
+                "open_files": open_files, "duration_ms": res["duration_ms"]}
+
+    @staticmethod
+    def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int]) -> None:
+        for parent, name in dentries:
+            try:
+                pyfuse3.invalidate_entry(parent, name)
+            except OSError:
+                pass  # not in the kernel's cache
+        for ino in inodes:
+            try:
+                pyfuse3.invalidate_inode(ino, attr_only=False)
+            except OSError:
+                pass
+
+    # --------------------------------------------------------------- fork
+
+    async def fork(self, ident: str, run_dir: str) -> dict:
+        """A new volume holding snapshot `ident`, for the run dir `run_dir`."""
+        seq = parse_id(ident)
+        new = self._check_fork_path(run_dir)
+        # Looking at the target touches the filesystem, which may be this very
+        # mount or a hung one: never from the loop.
+        await trio.to_thread.run_sync(self._check_fork_target, new)
+        store = self.store
+        name = str(new.path)
+        async with self.lock:
+            rec = self.snaps.get(ident)
+            self.snaps.held[seq] += 1
+            try:
+                dest = self._new_volume(name, rec)
+                okeys = await trio.to_thread.run_sync(self._visible, seq)
+                for _done, _total in self.snaps.copy_into(seq, dest, okeys):
+                    await trio.sleep(0)  # other requests between batches
+                with store.txn(write=True) as txn:
+                    txn.put(dest._vp + b"step", rec["step"].to_bytes(8, "big"),
+                            db=store.db["meta"])
+                    txn.delete(dest._vp + b"incomplete", db=store.db["meta"])
+            finally:
+                self.snaps.held[seq] -= 1
+                if not self.snaps.held[seq]:
+                    del self.snaps.held[seq]
+        await trio.to_thread.run_sync(self._record_run_dir, new, name)
+        log.info("forked", snapshot=ident, run_dir=name, files=dest.counters()["files"])
+        return {"run_dir": name, "store": str(store.dir), "volume": name,
+                "run": dest.run_id, "snapshot": ident, "files": dest.counters()["files"]}
+
+    def _record_run_dir(self, new: RunDir, volume: str) -> None:
+        new.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        new.record_store(self.store.dir, volume)
+
+    def _visible(self, seq: int) -> list[bytes]:
+        with self.store.txn() as txn:
+            return self.snaps._visible_okeys(txn, seq)
+
+    def _check_fork_path(self, run_dir: str) -> RunDir:
+        """Checks that need no filesystem access (done on the loop)."""
+        if not isinstance(run_dir, str) or not run_dir or "\0" in run_dir:
+            raise SnapshotError("the new run dir must be a non-empty path")
+        if len(run_dir) > 4000:
+            raise SnapshotError("the new run dir's path is too long")
+        path = Path(run_dir)
+        if not path.is_absolute():
+            raise SnapshotError("the new run dir must be an absolute path")
+        new = RunDir(path)
+        self._refuse_inside(new.path)
+        return new
+
+    def _refuse_inside(self, path: Path) -> None:
+        mine = self.daemon.run
+        for other in (mine.path, mine.mountpoint, self.store.dir):
+            if path == other or other in path.parents:
+                raise SnapshotError(f"{path} is inside {other}: pick a directory elsewhere")
+
+    def _check_fork_target(self, new: RunDir) -> None:
+        """Checks that look at the filesystem (in a worker thread)."""
+        self._refuse_inside(Path(os.path.realpath(new.path)))
+        if new.store_file.exists():
+            raise SnapshotError(f"{new.path} is already a run dir")
+        if new.mountpoint.exists() and any(new.mountpoint.iterdir()):
+            raise SnapshotError(f"{new.mountpoint} is not empty")
+
+    def _new_volume(self, name: str, rec: dict):
+        store = self.store
+        if name in store.volumes():
+            view = store.view(name)
+            if not view.meta_u64(b"incomplete"):
+                raise SnapshotError(f"the store already has a volume for {name}")
+            drop_volume(store, name)  # a fork that died half way: start over
+        with store.txn(write=True) as txn:
+            store.create_volume(txn, name, with_root=False)
+        dest = store.view(name)
+        with store.txn(write=True) as txn:
+            txn.put(dest._vp + b"incomplete", (1).to_bytes(8, "big"), db=store.db["meta"])
+            txn.put(dest._vp + b"forked_from",
+                    json.dumps({"run": self.store.run_id, "snapshot": rec["id"]}).encode(),
+                    db=store.db["meta"])
+        return dest
+
+    # --------------------------------------------------------- read-only
+
+    def list(self) -> dict:
+        return {"snapshots": self.snaps.list(), **self.snaps.state(),
+                "run": self.store.run_id, "forked_from": self._forked_from()}
+
+    def _forked_from(self) -> dict | None:
+        """{"run", "snapshot"} this volume was forked from, or None."""
+        with self.store.txn() as txn:
+            raw = txn.get(self.store._vp + b"forked_from", db=self.store.db["meta"])
+        if raw is None:
+            return None
+        try:
+            return json.loads(bytes(raw))
+        except ValueError:
+            return None
+
+    def diff(self, a: str, b: str | None) -> dict:
+        return {"a": a, "b": b or "live", "changes": self.snaps.diff(a, b)}
+
+    def locate(self, ino: int, gen: int, digest_hex: str) -> dict | None:
+        try:
+            digest = bytes.fromhex(digest_hex)
+        except ValueError:
+            raise errors.InvalidArgument("'hash' must be 32 hex digits") from None
+        if len(digest) != 16:
+            raise errors.InvalidArgument("'hash' must be 32 hex digits")
+        return self.snaps.locate(ino, gen, digest)

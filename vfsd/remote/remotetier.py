@@ -1,0 +1,514 @@
+"""The remote tier of one mounted volume: lease, uploads, fetches, cache, publishing.
+
+`RemoteTier` wires the pieces (`objstore`, `lease`, `uploader`, `fetcher`,
+`chunkcache`, `publisher`, `resume`) into the daemon:
+
+- Before the mount (blocking, in `Daemon.prepare`): `resume()` imports a
+  published snapshot for `--from`; `attach()` checks that the store's remote
+  is this one, takes the run's lease and checks the head (did the run move
+  on elsewhere?). Both fail with a clear message, or leave the tier in a
+  read-only state that says why.
+- In the daemon's nursery (`start`): the uploader, the fetcher, the cache, the
+  publisher, and the lease keeper.
+- For the FUSE layer: `writable()`, `load_chunk()` (fetch on a cache miss,
+  with a bounded wait, verified) and `on_read()` (readahead).
+
+Lease states. `held`: this worker writes and publishes. `acquiring` (the
+store was unreachable at mount) and `lapsed` (renewals failed for a whole
+TTL: the store or the network is down): writes go on locally, nothing is
+published, and the lease is taken again as soon as the store answers; if
+meanwhile another worker took the run (or its head moved on), the state
+becomes `lost`. `lost`: another worker holds the run: the mount is read-only
+(EROFS on every write), the log and `vfsd status` say why, and nothing is
+published again by this daemon.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import structlog
+import trio
+
+from vfsd import errors
+from vfsd.snapshots.snapshots import parse_id, snapshot_id
+from vfsd.store import remotestate
+from vfsd.store.content import LOC_FILE, ref_digest, ref_loc, seed_pending, unpack_record
+
+from .chunkcache import ChunkCache
+from .fetcher import Fetcher, FetchError, ReadaheadWindow
+from .head import Head, HeadError, UnknownRun, UnknownSnapshot, fence, read_head
+from .layout import BadResumeSpec, parse_resume_spec
+from .lease import Lease, LeaseHeld, Owner
+from .manifest import ManifestError
+from .objstore import ObjectStore, RemoteError, RemoteSettings, RemoteURL
+from .publisher import Publisher
+from .resume import (
+    ResumeError,
+    check_importable,
+    import_snapshot,
+    load_snapshot,
+    origin_of,
+    volume_state,
+)
+from .uploader import ChunkGone, PendingChunk, Uploader
+
+log = structlog.get_logger("vfsd.remote")
+
+
+class RemoteStartupError(Exception):
+    """The remote tier cannot start; the message is for the user."""
+
+
+class RemoteTier:
+    """Everything remote for one daemon; see the module docstring."""
+
+    def __init__(self, url: RemoteURL, config) -> None:
+        self.url = url
+        self.config = config
+        try:
+            self.objstore = ObjectStore(url, RemoteSettings.from_config(config))
+        except RemoteError as exc:
+            raise RemoteStartupError(str(exc)) from None
+        self.state = "acquiring"
+        self.reason = "the run's lease is not taken yet"
+        self.lease: Lease | None = None
+        self.owner: Owner | None = None
+        self.store = None
+        self.snaps = None
+        self.run_id = ""
+        self.head: Head | None = None
+        self.uploader: Uploader | None = None
+        self.fetcher: Fetcher | None = None
+        self.cache: ChunkCache | None = None
+        self.publisher: Publisher | None = None
+        self.readahead = ReadaheadWindow(config.remote_readahead_chunks)
+        self.nursery: trio.Nursery | None = None
+        self.imported: dict | None = None
+        self.lease_errors = 0
+        self._state_event = trio.Event()
+
+    # ============================================================ before mount
+
+    def resume(self, store_dir: Path, volume: str, spec: str) -> None:
+        """`--from RUN@SNAPSHOT`: download, check and import it (blocking)."""
+        try:
+            run, seq = parse_resume_spec(spec)
+        except BadResumeSpec as exc:
+            raise RemoteStartupError(str(exc)) from None
+        existing = volume_state(store_dir, volume)
+        if existing == "used":
+            origin = origin_of(store_dir, volume)
+            if origin and origin.get("run") == run and origin.get("seq") == seq:
+                log.info("resume_already_imported", run=run, snapshot=snapshot_id(seq))
+                return  # a restart of a resumed run dir: mount it as it is now
+            raise RemoteStartupError(
+                f"{store_dir} already holds files for this run dir; --from needs a new run "
+                "dir (or one that was resumed from this very snapshot)")
+        try:
+            self.objstore.check()
+            snap = load_snapshot(self.objstore, run, seq)
+            # Everything that can be checked before the lease is taken: a
+            # resume bound to fail must not take it from (or fence out) a
+            # worker that is only slow to renew.
+            check_importable(store_dir, volume, snap, str(self.url))
+        except (UnknownRun, UnknownSnapshot, ManifestError, HeadError, ResumeError) as exc:
+            raise RemoteStartupError(str(exc)) from None
+        except RemoteError as exc:
+            raise RemoteStartupError(f"cannot read run {run} from {self.url}: {exc}") from None
+        self.owner = Owner.me()
+        lease = Lease(self.objstore, run, ttl=self.config.remote_lease_ttl, owner=self.owner)
+        generation = 0
+        latest = snap.head.latest
+        try:
+            lease.acquire(wait=self.config.lease_wait)
+            self.head, _ = fence(self.objstore, run, lease.generation)
+            generation = lease.generation
+            latest = self.head.latest
+            self.lease = lease
+            self._set_state("held", "")
+        except LeaseHeld as exc:
+            self.run_id = run
+            self._lose(f"the run's lease is held by another worker ({exc})")
+        except (RemoteError, HeadError) as exc:
+            lease.release()  # held but not fenced: the next worker need not wait a TTL
+            raise RemoteStartupError(f"cannot take the lease of run {run}: {exc}") from None
+        try:
+            record = import_snapshot(store_dir, volume, snap, remote_url=str(self.url),
+                                     latest=max(latest, seq), owner_token=self.owner.token,
+                                     generation=generation, inline_max=self.config.inline_max)
+        except (ResumeError, errors.StoreError) as exc:
+            if self.lease is not None:
+                self.lease.release()
+            raise RemoteStartupError(str(exc)) from None
+        except BaseException:
+            if self.lease is not None:
+                self.lease.release()
+            raise
+        self.imported = {"run": run, "snapshot": snapshot_id(seq), "files": len(snap.state),
+                         "manifests": len(snap.chain)}
+        log.info("resumed", run=run, snapshot=snapshot_id(seq), objects=len(snap.state),
+                 manifests=len(snap.chain), generation=generation, step=record["step"])
+
+    def attach(self, store, snaps) -> None:
+        """Bind to the opened store; take the lease unless `resume` did (blocking)."""
+        self.store, self.snaps = store, snaps
+        self.run_id = store.run_id
+        if snaps.state()["changed"] and store.dirty_since is None:
+            store.dirty_since = time.time()  # changed before this process: since when is lost
+        current = remotestate.remote_url(store)
+        if current is None:
+            with store.txn(write=True) as txn:
+                remotestate.set_remote_url(txn, store, str(self.url))
+            added = seed_pending(store)
+            log.info("store_goes_remote", remote=str(self.url), chunks_to_upload=added)
+        elif current != str(self.url):
+            raise RemoteStartupError(
+                f"the store at {store.dir} keeps its chunks in {current}; mount it with "
+                f"--remote {current} (a store has one remote)")
+        token = remotestate.volume_meta(store, b"remote_owner")
+        if token is None:
+            token = (self.owner or Owner.me()).token.encode()
+            with store.txn(write=True) as txn:
+                remotestate.set_volume_meta(txn, store, b"remote_owner", token)
+        if self.owner is None or self.owner.token.encode() != token:
+            me = Owner.me()
+            self.owner = Owner(me.host, me.pid, token.decode())
+        self.uploader = Uploader(
+            self.objstore, self._read_for_upload, on_uploaded=self._on_uploaded,
+            load_pending=self._load_pending, workers=self.config.remote_workers,
+            max_queued=self.config.remote_upload_queue,
+            retry_base_delay=max(0.05, self.config.remote_retry_base_delay),
+            retry_max_delay=self.config.remote_retry_max_delay)
+        self.fetcher = Fetcher(self.objstore, store.chunks, install=self._install,
+                               workers=max(2, self.config.remote_workers // 2),
+                               timeout=self.config.remote_fetch_timeout)
+        self.cache = ChunkCache(store, self.config.remote_cache_bytes)
+        self.publisher = Publisher(self)
+        self.publisher.load()
+        if self.lease is None and self.state != "lost":
+            try:
+                self._take_lease_now()
+            except RemoteError as exc:
+                self._set_state("acquiring", f"object store unreachable ({exc}); writes stay "
+                                             "local until the run's lease is taken")
+                log.warning("lease_not_taken_at_mount", error=str(exc))
+        self.publisher.head = self.head
+
+    # ------------------------------------------------------------ lease checks
+
+    def _take_lease_now(self) -> None:
+        """Take the lease and check the head, applying the outcome (blocking; the
+        LMDB writes happen on the calling thread)."""
+        outcome = self._try_lease(self.config.lease_wait)
+        self._apply_lease(outcome, blocking=True)
+
+    def _try_lease(self, wait: float = 0.0) -> tuple:
+        """In a worker thread: (verdict, lease, head, reason). RemoteError passes up."""
+        lease = Lease(self.objstore, self.run_id, ttl=self.config.remote_lease_ttl,
+                      owner=self.owner)
+        try:
+            lease.acquire(wait=wait)
+        except LeaseHeld as exc:
+            return "lost", None, None, f"the run's lease is held by another worker ({exc})"
+        try:
+            head = read_head(self.objstore, self.run_id)
+        except HeadError as exc:
+            lease.release()
+            return "lost", None, None, str(exc)
+        return "check", lease, head, ""
+
+    def _apply_lease(self, outcome: tuple, *, blocking: bool) -> tuple | None:
+        """Decide from the head whether this volume may go on writing the run.
+        Returns what still needs a network fence (lease, head) or None."""
+        verdict, lease, head, reason = outcome
+        if verdict == "lost":
+            self._lose(reason)
+            return None
+        ours = remotestate.generation(self.store)
+        mine = {g for g in (ours, self._meta_u64(b"remote_gen_next")) if g}
+        if head is None:
+            if ours:
+                lease.release()
+                self._lose(f"the head of run {self.run_id} is gone from {self.url}, though "
+                           "this volume published there before")
+                return None
+        elif head.generation != lease.generation and head.generation not in mine:
+            lease.release()
+            latest = f"s{head.latest}" if head.latest else "nothing yet"
+            self._lose(f"run {self.run_id} moved on elsewhere (its head was written by lease "
+                       f"generation {head.generation}; latest published: {latest}); resume it "
+                       f"in a new run dir with --from {self.run_id}@s{head.latest or 1}")
+            return None
+        if head is not None and head.generation == lease.generation:
+            self._hold(lease, head)
+            return None
+        with self.store.txn(write=True) as txn:
+            remotestate.set_volume_meta(txn, self.store, b"remote_gen_next",
+                                        lease.generation.to_bytes(8, "big"))
+        if blocking:
+            fenced, _ = fence(self.objstore, self.run_id, lease.generation)
+            self._fenced(lease, fenced)
+            return None
+        return lease, head
+
+    def _fenced(self, lease: Lease, head: Head) -> None:
+        with self.store.txn(write=True) as txn:
+            remotestate.set_generation(txn, self.store, lease.generation)
+        self._hold(lease, head)
+
+    def _hold(self, lease: Lease, head: Head) -> None:
+        self.lease = lease
+        self.head = head
+        if self.publisher is not None:
+            self.publisher.head = head
+            self.publisher.kick()
+        self._set_state("held", "")
+        log.info("lease_held", run=self.run_id, generation=lease.generation)
+
+    def _meta_u64(self, key: bytes) -> int:
+        raw = remotestate.volume_meta(self.store, key)
+        return int.from_bytes(raw, "big") if raw else 0
+
+    def _set_state(self, state: str, reason: str) -> None:
+        self.state, self.reason = state, reason
+        self._state_event.set()
+        self._state_event = trio.Event()
+
+    def _lose(self, reason: str) -> None:
+        if self.state != "lost":
+            log.error("read_only", run=self.run_id, reason=reason,
+                      detail="another worker holds this run: writes now fail with EROFS")
+        self._set_state("lost", reason)
+        self.lease = None
+
+    def lease_taken_over(self) -> bool:
+        return self.lease is not None and self.lease.taken_over
+
+    def lease_lost(self, reason: str, *, definitive: bool) -> None:
+        """The publisher or the keeper learnt that the lease is gone."""
+        if definitive:
+            self._lose(reason)
+        elif self.state == "held" and (self.lease is None or not self.lease.valid):
+            self._set_state("lapsed", reason)  # the keeper takes it again
+
+    def can_publish(self) -> bool:
+        return self.state == "held" and self.lease is not None and self.lease.valid
+
+    # ================================================================== in trio
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Start every background task of the tier in the daemon's nursery."""
+        self.nursery = nursery
+        await nursery.start(self.cache.run)
+        await nursery.start(self.uploader.run)
+        await nursery.start(self.fetcher.run)
+        self.store.on_chunk_files = self._on_chunk_files
+        await nursery.start(self.publisher.run)
+        nursery.start_soon(self._keep_lease)
+
+    async def _keep_lease(self) -> None:
+        failures = 0
+        while self.state != "lost":
+            if self.state == "held" and self.lease is not None:
+                await self.lease.keep_renewed()
+                if self.state == "lost":
+                    return
+                if self.lease is not None and self.lease.taken_over:
+                    self._lose(f"lease taken over: {self.lease.lost_reason}")
+                    return
+                reason = self.lease.lost_reason if self.lease else "lost"
+                self._set_state("lapsed", f"lease lapsed ({reason}); writes stay local until "
+                                          "it is taken again")
+                log.warning("lease_lapsed", run=self.run_id, reason=reason)
+                self.lease = None
+            try:
+                outcome = await trio.to_thread.run_sync(self._try_lease, abandon_on_cancel=True)
+                todo = self._apply_lease(outcome, blocking=False)
+                if todo is not None:
+                    lease, _ = todo
+                    fenced, _ = await trio.to_thread.run_sync(
+                        fence, self.objstore, self.run_id, lease.generation,
+                        abandon_on_cancel=True)
+                    self._fenced(lease, fenced)
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - retried; the mount stays up
+                failures += 1
+                self.lease_errors += 1
+                if not isinstance(exc, RemoteError | HeadError):
+                    log.exception("lease_keeper_failed")
+                self.reason = (f"object store unreachable ({exc}); writes stay local until "
+                               "the run's lease is taken")
+                await trio.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
+
+    # ------------------------------------------------------------- FUSE hooks
+
+    def writable(self) -> bool:
+        return self.state != "lost"
+
+    async def load_chunk(self, digest: bytes) -> bytes:
+        """A chunk's verified bytes (local, or fetched with a bounded wait)."""
+        try:
+            data = await self.fetcher.fetch(digest)
+        except FetchError as exc:
+            log.warning("chunk_read_failed", digest=digest.hex(), error=str(exc))
+            raise errors.Unavailable(str(exc)) from None
+        self.cache.touch(digest)
+        return data
+
+    def on_read(self, ino: int, blocks: dict[int, bytes], off: int, size: int) -> None:
+        """Readahead for a sequential reader: fetch the next chunks in the background."""
+        cs = self.store.chunk_size
+        wanted = self.readahead.on_read(ino, (off + size - 1) // cs if size else off // cs)
+        digests = []
+        for idx in wanted:
+            ref = blocks.get(idx)
+            if ref is not None and ref_loc(ref) == LOC_FILE:
+                digests.append(ref_digest(ref))
+        if digests:
+            self.fetcher.prefetch(digests)
+
+    def _install(self, tmp: Path, digest: bytes) -> None:
+        """Fetcher callback (trio thread): a verified chunk goes into place, inside a
+        write transaction, only while a record still wants it."""
+        st = self.store
+        size = tmp.stat().st_size
+        with st.txn(write=True) as txn:
+            raw = txn.get(digest, db=st.db["content"])
+            if raw is None or unpack_record(raw)[0] == 0 or unpack_record(raw)[2] != LOC_FILE:
+                tmp.unlink(missing_ok=True)
+                return
+            st.chunks.install(tmp, digest)
+        self.cache.add(digest, size)
+
+    # ------------------------------------------------------------ store hooks
+
+    def _on_chunk_files(self, made: list[tuple[bytes, int]], gone: list[bytes]) -> None:
+        now = time.time()
+        for digest, size in made:
+            self.uploader.enqueue(PendingChunk(digest, size, now))
+            self.cache.add(digest, size)
+        for digest in gone:
+            self.cache.removed(digest)
+            self.uploader.forget(digest)
+
+    def _read_for_upload(self, digest: bytes) -> bytes:
+        """Uploader callback (worker thread): the local chunk, or ChunkGone when it was
+        superseded before its upload (a block rewritten while the upload waited)."""
+        try:
+            return self.store.chunks.read_all(digest)
+        except errors.CorruptChunk:
+            with self.store.txn() as txn:
+                still = remotestate.entry(txn, self.store.db, digest)
+            if still is None:
+                raise ChunkGone(digest.hex()) from None
+            raise
+
+    def _on_uploaded(self, digests: list[bytes]) -> None:
+        with self.store.txn(write=True) as txn:
+            remotestate.mark_uploaded(txn, self.store.db, self.store._bump, digests)
+
+    def _load_pending(self, after: bytes | None, limit: int) -> list[PendingChunk]:
+        with self.store.txn() as txn:
+            rows = remotestate.load_pending(txn, self.store.db, after, limit)
+        return [PendingChunk(d, size, since / 1e9) for d, size, since in rows]
+
+    def published_chunks(self, digests: set[bytes]) -> None:
+        """A publication made these chunks evictable."""
+        if self.cache.over():
+            self.cache._wake.set()
+
+    def kick(self) -> None:
+        """A snapshot was taken."""
+        if self.publisher is not None:
+            self.publisher.kick()
+
+    # ------------------------------------------------------------------ sync
+
+    async def sync(self, ident: str | None, timeout: float) -> dict:
+        """Wait until a snapshot (default: the latest) is published."""
+        if ident is None:
+            last = self.snaps.state()["last"]
+            if last is None:
+                return {"published": None, "run": self.run_id, "remote": str(self.url),
+                        "message": "no snapshot yet: nothing to publish"}
+            seq = parse_id(last)
+        else:
+            seq = parse_id(ident)
+        done = await self.publisher.wait_published(seq, timeout)
+        return {"published": snapshot_id(seq), "run": self.run_id, "remote": str(self.url),
+                "snapshot": done}
+
+    # ---------------------------------------------------------------- status
+
+    def status(self) -> dict:
+        counts = remotestate.counts(self.store)
+        up = self.uploader.status() if self.uploader else {}
+        pub = self.publisher.status() if self.publisher else {}
+        oldest = [t for t in (
+            self.store.dirty_since,
+            pub.get("oldest_unpublished_ns") and pub["oldest_unpublished_ns"] / 1e9,
+            self._oldest_pending()) if t]
+        lease = self.lease
+        errors_seen = [e for e in (pub.get("last_error"), up.get("last_error"),
+                                   self.fetcher.last_error if self.fetcher else None) if e]
+        return {
+            "url": str(self.url),
+            "run": self.run_id,
+            "state": self.state,
+            "read_only": self.state == "lost",
+            "reason": self.reason or None,
+            "lease": {"generation": lease.generation if lease else None,
+                      "valid_for_s": round(lease.remaining(), 1) if lease else 0.0,
+                      "errors": self.lease_errors},
+            "backlog": {"chunks": counts["upload_chunks"], "bytes": counts["upload_bytes"],
+                        "unpublished_chunks": counts["unpublished_chunks"],
+                        "unpublished_bytes": counts["unpublished_bytes"],
+                        "queued": up.get("queued", 0), "in_flight": up.get("in_flight", 0)},
+            "oldest_unpublished_change_age_s":
+                round(max(0.0, time.time() - min(oldest)), 1) if oldest else None,
+            "uploads": {k: up.get(k) for k in ("uploaded", "existed", "failed", "retries",
+                                               "sent_bytes", "store_down_for")},
+            "publisher": pub,
+            "fetcher": self.fetcher.status() if self.fetcher else {},
+            "cache": self.cache.status() if self.cache else {},
+            "imported": self.imported,
+            "last_error": errors_seen[0] if errors_seen else None,
+            "requests": dict(self.objstore.stats),
+        }
+
+    def _oldest_pending(self) -> float | None:
+        with self.store.txn() as txn:
+            ns = remotestate.oldest_pending_ns(txn, self.store.db, limit=20_000)
+        return ns / 1e9 if ns else None
+
+    def publish_status(self) -> dict:
+        """Per snapshot: published or not (for `vfsd sync` and the checkpointer)."""
+        pub = self.publisher
+        snaps = self.snaps.list()
+        return {
+            "run": self.run_id, "remote": str(self.url), "state": self.state,
+            "reason": self.reason or None,
+            "latest": snaps[-1]["id"] if snaps else None,
+            "published": pub.status()["published"],
+            "snapshots": [{"id": s["id"], "step": s["step"],
+                           "published": s["seq"] in pub.published,
+                           "full": pub.published.get(s["seq"], {}).get("full")}
+                          for s in snaps],
+            "backlog": remotestate.counts(self.store),
+            "last_error": pub.last_error,
+        }
+
+    # -------------------------------------------------------------- shutdown
+
+    def close(self) -> None:
+        """Release the lease (bounded wait) and stop the client. After trio ends."""
+        lease = self.lease
+        if lease is not None and self.state == "held":
+            t = threading.Thread(target=lease.release, daemon=True)
+            t.start()
+            t.join(5.0)
+        self.objstore.close()
+

@@ -1,0 +1,1080 @@
+"""`Store`: a handle on one volume of the store's LMDB environment.
+
+It opens the environment and the named databases (their layout is in the
+package docstring, `vfsd.store`), runs the transactions, and composes the
+namespace, xattr, content and hot-block pieces into the file operations the
+layers above call. Nothing outside this package sees an LMDB key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import secrets
+import shutil
+import stat
+import struct
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import lmdb
+
+from vfsd import DEFAULT_INLINE_MAX, LMDB_MAP_SIZE, errors
+
+from . import compact, filehash
+from .chunks import ChunkStore, chunk_hash
+from .content import HOT_REF, ContentStore, is_hot, ref_digest
+from .content import all_zero as content_all_zero
+from .durability import Batch, Ledger
+from .eventlog import EventLog
+from .hotfiles import HotFiles
+from .inode import STATUS_DONE, Inode
+from .keys import inode_key, now_ns
+from .namespace import NamespaceMixin
+from .xattrstore import XattrMixin
+
+SCHEMA_VERSION = 2
+ROOT_INO = 1
+#: inode numbers stay below this (the FUSE layer uses the space above for views)
+MAX_INO = 1 << 40
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_U64X2 = struct.Struct(">QQ")
+_VI = struct.Struct(">IQ")
+_VII = struct.Struct(">IQQ")
+_VOL_STEP_INO = struct.Struct(">IQQ")
+
+_DB_NAMES = (
+    "meta", "volume", "inode", "dentry", "dirlist", "backlink", "link", "block",
+    "content", "blob", "xattr", "bystep", "agestep", "donestep", "orphan",
+    "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty", "hotino",
+    "upload", "published",
+)
+_OPTIONAL_DBS = ("upload", "published")  # None in a read-only handle on an older store
+
+_CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
+            lmdb.VersionMismatchError, lmdb.InvalidError, lmdb.BadValsizeError)
+
+
+def _u64(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def _get_u64(txn, db, key: bytes, default: int = 0) -> int:
+    raw = txn.get(key, db=db)
+    return _U64.unpack(raw)[0] if raw is not None else default
+
+
+def translate(exc: lmdb.Error) -> errors.StoreError:
+    """The store's own exception for an LMDB one."""
+    if isinstance(exc, lmdb.MapFullError):
+        return errors.NoSpace("the store's LMDB map is full")
+    if "No space left" in str(exc) or "Disk quota" in str(exc):
+        return errors.NoSpace(f"no room on the store's disk: {exc}")
+    if isinstance(exc, _CORRUPT):
+        return errors.Corrupt(f"the store's LMDB file is damaged: {exc}")
+    return errors.StoreError(f"LMDB: {exc}")
+
+
+class _Txn:
+    """`Store.txn()`: a plain class, cheaper than a generator context manager
+    (every request opens at least one)."""
+
+    __slots__ = ("store", "write", "txn")
+
+    def __init__(self, store: Store, write: bool) -> None:
+        self.store = store
+        self.write = write
+
+    def __enter__(self):
+        try:
+            self.txn = self.store.env.begin(write=self.write)
+        except lmdb.Error as exc:
+            raise translate(exc) from exc
+        return self.txn
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        st = self.store
+        if exc_type is not None:
+            self.txn.abort()
+            if self.write:
+                st._abandoned()
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc) from exc
+            return False
+        try:
+            self.txn.commit()
+        except lmdb.Error as err:
+            if self.write:
+                st._abandoned()
+            raise translate(err) from err
+        if not self.write:
+            return False
+        st.durability.committed()
+        if st._pending_marks:
+            if st.dirty_since is None:
+                st.dirty_since = time.time()
+            st._marked |= st._pending_marks
+            st._pending_marks.clear()
+        if st._base_touched:
+            st.base_clean = st._base_touched = False
+        content = getattr(st, "content", None)
+        if content is not None and (content.created or content.removed):
+            made, gone, content.created, content.removed = content.created, content.removed, [], []
+            if made:
+                st.durability.chunks_made(d for d, _ in made)
+            if st.on_chunk_files is not None:
+                st.on_chunk_files(made, gone)
+        return False
+
+
+class Store(NamespaceMixin, XattrMixin):
+    """Metadata of one volume in a store directory, plus its content objects.
+
+    Names live in `namespace`, extended attributes in `xattrstore`; this
+    class holds the environment, volumes, counters, inodes, step indexes,
+    content and freeing.
+
+    Every method is one LMDB transaction (or none); none of them awaits, so a
+    caller on the trio thread sees each call as atomic.
+    """
+
+    def __init__(
+        self,
+        store_dir: Path,
+        volume: str | None = "default",
+        *,
+        readonly: bool = False,
+        map_size: int = LMDB_MAP_SIZE,
+        sync: bool = False,
+        create: bool = True,
+        chunk_size: int | None = None,
+        inline_max: int = DEFAULT_INLINE_MAX,
+        incomplete_ok: bool = False,
+        defer_deletes: bool = False,
+    ) -> None:
+        self.dir = Path(store_dir)
+        self.readonly = readonly
+        # Files before records, records before deletes (see `durability`). The
+        # daemon defers deletes to after a sync; one-shot tools delete at once.
+        self.durability = Ledger()
+        self.defer_deletes = defer_deletes
+        # Snapshot change tracking: keys marked in committed transactions since
+        # the last snapshot, and those of the transaction in progress.
+        self.tracking = False
+        self._marked: set[bytes] = set()
+        self._pending_marks: set[bytes] = set()
+        # Whether the live tree still equals the snapshot it was taken as or
+        # restored from (`snapshots`: meta `base_changed`).
+        self.base_clean = False
+        self._base_touched = False
+        self.dirty_since: float | None = None  # first change since the last snapshot
+        self.on_chunk_files = None  # remote tier: (made [(digest, size)], deleted [digest])
+        # Writers keep compaction away while they have the store open (and
+        # make no directory where there is no store to open).
+        wanted = create or compact.exists(self.dir)
+        self._hold = compact.hold(self.dir) if wanted and not readonly else None
+        self.env = None
+        try:
+            self._open(volume, readonly, create, map_size, sync, chunk_size, inline_max,
+                       incomplete_ok)
+        except BaseException:
+            if self.env is not None:
+                self.env.close()
+            self._release_hold()
+            raise
+
+    def _open(self, volume, readonly, create, map_size, sync, chunk_size, inline_max,
+              incomplete_ok) -> None:
+        self.env = self._open_env(readonly, create, map_size, sync)
+        try:
+            with self.txn() as txn:
+                self._check_schema(txn)
+            self.db = {name: self._open_db(name) for name in _DB_NAMES}
+        except errors.StoreError as exc:
+            raise errors.StoreVersionError(
+                f"store at {self.dir / 'lmdb'} is damaged or not a vfsd store: {exc}") from None
+        self.chunks = ChunkStore(self.dir / "chunks", create=not readonly)
+        self.hot = HotFiles(self.dir / "hot")
+        self._hot_gone: list[int] = []
+        self.content = ContentStore(self.db, self.chunks, self._bump, inline_max)
+        if self.defer_deletes:
+            self.content.doom = self.durability.doom_chunks
+        self.logs = EventLog(self)
+        self._deltas: dict[bytes, int] | None = None
+        self.volume = volume or "default"
+        self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
+        self._vp = b"v" + _U32.pack(self.vol) + b":"
+        self._vb = _U32.pack(self.vol)
+        if volume is not None and self.meta_u64(b"incomplete") and not incomplete_ok:
+            raise errors.StoreVersionError(
+                f"volume {self.volume!r} of store {self.dir} is a fork or an import that did "
+                "not finish copying; run `vfsd fork` (or `vfsd mount --from`) again to redo it")
+        self.chunk_size = self._chunk_size(chunk_size)
+        self.tracking = self.meta_u64(b"snap_seq") > 0
+        self.base_clean = self.tracking and not self.meta_u64(b"base_changed")
+        if not readonly:
+            self._make_reserve()
+
+    # ------------------------------------------------------------------ setup
+
+    def _open_env(self, readonly: bool, create: bool, map_size: int, sync: bool):
+        lmdb_dir = self.dir / "lmdb"
+        data_file = lmdb_dir / "data.mdb"
+        if data_file.exists():
+            if data_file.stat().st_size < 2 * 4096:  # not even LMDB's two meta pages
+                raise errors.StoreVersionError(
+                    f"{data_file} is empty or truncated: the store is damaged "
+                    "(restore it from a backup; refusing to start a new store over its chunks)")
+        elif readonly or not create:
+            raise errors.StoreVersionError(f"no vfsd store at {self.dir}")
+        elif any((self.dir / "chunks").glob("??/*")):
+            raise errors.StoreVersionError(
+                f"{data_file} is missing but {self.dir / 'chunks'} holds chunks: "
+                "the store is damaged (refusing to start a new store over its chunks)")
+        if not readonly:
+            lmdb_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            # sync=False: a commit reaches the OS page cache, which survives a
+            # daemon crash; fsync() and durability="sync" call sync() explicitly.
+            env = lmdb.open(
+                str(lmdb_dir), map_size=map_size, max_dbs=len(_DB_NAMES) + 1,
+                readonly=readonly, sync=sync, metasync=sync, readahead=False,
+                max_readers=256, lock=True, mode=0o600,
+            )
+        except lmdb.Error as exc:
+            raise errors.StoreVersionError(f"cannot open LMDB store at {lmdb_dir}: {exc}") from exc
+        # LMDB maps the file and trusts its meta page: a file cut short would
+        # kill the process with SIGBUS at the first read past its end.
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        if data_file.exists() and data_file.stat().st_size < needed:
+            env.close()
+            raise errors.StoreVersionError(
+                f"{data_file} is truncated ({data_file.stat().st_size} bytes, its own "
+                f"metadata says {needed}): the store is damaged")
+        return env
+
+    def _check_schema(self, txn) -> None:
+        try:
+            meta = self.env.open_db(b"meta", txn=txn, create=False)
+        except lmdb.NotFoundError:
+            return  # a new store
+        schema = txn.get(b"schema", db=meta)
+        if schema is not None and _U32.unpack(schema)[0] != SCHEMA_VERSION:
+            found = _U32.unpack(schema)[0]
+            raise errors.StoreVersionError(
+                f"store {self.dir} has schema {found}; this vfsd reads schema "
+                f"{SCHEMA_VERSION}" + (" (a store made by vfsd 0.1: copy its files out with "
+                                       "that version, then into a new store)" if found == 1 else ""))
+
+    def _open_db(self, name: str):
+        try:
+            return self.env.open_db(name.encode(), create=not self.readonly)
+        except lmdb.NotFoundError:
+            if name in _OPTIONAL_DBS:
+                return None
+            # Read-only on a store whose writer never made this table yet.
+            raise errors.StoreVersionError(f"store {self.dir} lacks table {name!r}") from None
+        except lmdb.Error as exc:
+            raise translate(exc) from exc
+
+    def txn(self, write: bool = False) -> _Txn:
+        """An LMDB transaction whose failures are store errors (a context manager).
+
+        Snapshot change marks made in a write transaction count only once it
+        has committed; read ones (maybe in worker threads) touch no bookkeeping.
+        """
+        return _Txn(self, write)
+
+    def _abandoned(self) -> None:
+        """A write transaction that did not commit: forget what it would have done."""
+        self._pending_marks.clear()
+        self._base_touched = False
+        if hasattr(self, "content"):
+            self.content.created.clear()
+            self.content.removed.clear()
+
+    def _open_volume(self, name: str | None, create: bool) -> tuple[int, int]:
+        db = self.db
+        if name is None:  # any volume (store-wide tools such as fsck)
+            with self.txn() as txn:
+                cur = txn.cursor(db=db["volume"])
+                if cur.first():
+                    self.volume = bytes(cur.key()).decode()
+                    return _VI.unpack(cur.value())
+            name = "default"
+        key = name.encode()
+        with self.txn() as txn:
+            raw = txn.get(key, db=db["volume"])
+        if raw is not None:
+            return _VI.unpack(raw)
+        if not create:
+            raise errors.StoreVersionError(f"store {self.dir} has no volume {name!r}")
+        with self.txn(write=True) as txn:
+            vol = self.create_volume(txn, name)
+        return vol, ROOT_INO
+
+    def create_volume(self, txn, name: str, *, run: str | None = None,
+                      with_root: bool = True) -> int:
+        """Add a volume (with an empty root directory unless told otherwise); its id."""
+        db = self.db
+        key = name.encode()
+        if txn.get(key, db=db["volume"]) is not None:
+            raise errors.Exists(f"volume {name!r} exists")
+        if txn.get(b"schema", db=db["meta"]) is None:
+            txn.put(b"schema", _U32.pack(SCHEMA_VERSION), db=db["meta"])
+        vol = _get_u64(txn, db["meta"], b"next_vol", 1)
+        txn.put(b"next_vol", _u64(vol + 1), db=db["meta"])
+        vp = b"v" + _U32.pack(vol) + b":"
+        txn.put(vp + b"name", key, db=db["meta"])
+        txn.put(vp + b"run", (run or secrets.token_hex(16)).encode(), db=db["meta"])
+        txn.put(vp + b"next_ino", _u64(ROOT_INO + 1), db=db["meta"])
+        if with_root:
+            t = now_ns()
+            root = Inode(ROOT_INO, vol, stat.S_IFDIR | 0o755, nlink=2, uid=os.getuid(),
+                         gid=os.getgid(), atime_ns=t, mtime_ns=t, ctime_ns=t,
+                         gen=secrets.randbits(32))
+            txn.put(_VI.pack(vol, ROOT_INO), root.pack(), db=db["inode"])
+        txn.put(key, _VI.pack(vol, ROOT_INO), db=db["volume"])
+        return vol
+
+    def volumes(self) -> dict[str, int]:
+        """Every volume of the store: name -> vol id."""
+        with self.txn() as txn:
+            return {bytes(k).decode(): _VI.unpack(v)[0]
+                    for k, v in txn.cursor(db=self.db["volume"])}
+
+    #: tables whose keys start with the volume id
+    _PER_VOLUME = ("inode", "dentry", "dirlist", "backlink", "link", "block", "xattr",
+                   "bystep", "agestep", "donestep", "orphan", "evicted", "evictino", "removed",
+                   "snap", "sgone", "sver", "sgen", "sdirty", "hotino", "published")
+
+    def drop_volume(self, name: str, entry_refs: Callable[[bytes, bytes], list[bytes]]) -> None:
+        """Delete a volume and its snapshots, releasing the content they held.
+
+        `entry_refs(okey, value)` names the content a snapshot entry holds: the
+        entry format belongs to `vfsd.snapshots`, which calls this through
+        `snapshots.drop_volume`.
+        """
+        view = self.view(name)
+        vb = view._vb
+        refs: Counter = Counter()
+        with self.txn(write=True) as txn:
+            for table in self._PER_VOLUME:
+                if self.db[table] is None:
+                    continue
+                cur = txn.cursor(db=self.db[table])
+                if not cur.set_range(vb):
+                    continue
+                while cur.key()[:4] == vb:
+                    if table == "block":
+                        refs[bytes(cur.value())] -= 1
+                    elif table == "sver":
+                        for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
+                            refs[ref] -= 1
+                    if not cur.delete() or not cur.key():
+                        break
+            cur = txn.cursor(db=self.db["meta"])
+            prefix = view._vp
+            if cur.set_range(prefix):
+                while cur.key()[:len(prefix)] == prefix:
+                    if not cur.delete() or not cur.key():
+                        break
+            txn.delete(name.encode(), db=self.db["volume"])
+            freed = self.content.apply(txn, refs)
+        self._delete_unreferenced(freed)
+        shutil.rmtree(self.hot.root / str(view.vol), ignore_errors=True)
+
+    def view(self, name: str) -> Store:
+        """A handle on another volume of this store (same environment).
+
+        For store-wide work (fsck, forks); never close it: the environment
+        belongs to this handle.
+        """
+        other = copy.copy(self)
+        other._marked, other._pending_marks, other._deltas = set(), set(), None
+        other.volume = name
+        other.vol, other.root_ino = self._open_volume(name, create=False)
+        other._vp = b"v" + _U32.pack(other.vol) + b":"
+        other._vb = _U32.pack(other.vol)
+        other.logs = EventLog(other)
+        other.tracking = other.meta_u64(b"snap_seq") > 0
+        return other
+
+    @property
+    def run_id(self) -> str:
+        """The run this volume holds (what travels with its snapshots)."""
+        with self.txn() as txn:
+            raw = txn.get(self._vp + b"run", db=self.db["meta"])
+        return bytes(raw).decode() if raw is not None else ""
+
+    RESERVE_BYTES = 8 << 20
+
+    def _make_reserve(self) -> None:
+        """Keep some disk space aside for deletions when the disk fills up.
+
+        LMDB writes new pages even to delete (copy on write): with the disk
+        full, nothing could be removed to make room. Releasing the reserve
+        lets deletions through; it is made again at the next start.
+        """
+        path = self.dir / "reserve"
+        if path.exists():
+            return
+        st = os.statvfs(self.dir)
+        size = min(self.RESERVE_BYTES, st.f_blocks * st.f_frsize // 32)  # small disks: 3%
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError:
+            path.unlink(missing_ok=True)  # no room for it now; try next start
+
+    def release_reserve(self) -> bool:
+        """Free the reserved space; False if there was none left to free."""
+        try:
+            (self.dir / "reserve").unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _chunk_size(self, wanted: int | None) -> int | None:
+        """The store's chunk size: recorded by the first writer, fixed after.
+
+        Block indexes only mean something with the chunk size they were cut
+        with, so a store never changes it (the daemon adopts the stored one).
+        """
+        with self.txn() as txn:
+            raw = txn.get(b"chunk_size", db=self.db["meta"])
+        if raw is not None:
+            return _U64.unpack(raw)[0]
+        if wanted is not None and not self.readonly:
+            with self.txn(write=True) as txn:
+                txn.put(b"chunk_size", _u64(wanted), db=self.db["meta"])
+        return wanted
+
+    @property
+    def inline_max(self) -> int:
+        return self.content.inline_max
+
+    @inline_max.setter
+    def inline_max(self, value: int) -> None:
+        self.content.inline_max = value
+
+    def close(self) -> None:
+        if self.defer_deletes and not self.readonly:
+            self.sync()
+            self.delete_synced()
+        self.chunks.close()
+        self.env.close()
+        self._release_hold()
+
+    def _release_hold(self) -> None:
+        if self._hold is not None:
+            os.close(self._hold)
+            self._hold = None
+
+    def sync(self, chunks=(), hot=()) -> None:
+        """Make committed transactions durable, after the files they name
+        (safe in a worker thread; see `durability`). `chunks` (digests) and
+        `hot` ((vol, ino)) are files to make durable too: what an fsync()ed
+        file names that this store's ledger may not hold (a chunk another
+        daemon wrote, a hot file's own writes)."""
+        led = self.durability
+        with led.sync_lock:
+            batch = led.take()
+            batch.chunks.update(chunks)
+            batch.hot.update(hot)
+            try:
+                self._sync_files(batch)
+                for _ in range(3):  # what commits made meanwhile, a few rounds
+                    late = led.take()
+                    batch.merge(late)
+                    if not late.has_files():
+                        break
+                    self._sync_files(late)
+                try:
+                    self.env.sync(True)
+                except lmdb.Error as exc:
+                    raise translate(exc) from exc
+            except BaseException:
+                led.give_back(batch)
+                raise
+            # Commits that landed during LMDB's sync may be durable now: their
+            # files follow at once; what they freed waits for the next sync.
+            after = led.take()
+            self._sync_files(after)
+            led.give_back(Batch(doomed=after.doomed, doomed_hot=after.doomed_hot,
+                                commits=after.commits))
+        led.synced(batch)
+
+    def retire_hot_file(self, vol: int, ino: int) -> None:
+        """A hot file no record names any more: deleted now, or in the daemon
+        once that change is durable."""
+        if self.defer_deletes:
+            self.durability.doom_hot(vol, ino)
+        else:
+            self.hot.delete(vol, ino)
+
+    def finish_deletes(self) -> int:
+        """At start: delete what a crash left waiting for a sync (chunk
+        tombstones, this volume's hot files no record names). The sync first
+        makes the records that stopped naming them durable."""
+        self.sync()
+        with self.txn() as txn:
+            tombs = self.content.tombstones(txn)
+        gone = 0
+        if tombs:
+            with self.txn(write=True) as txn:
+                gone += self.content.delete_unreferenced(txn, tombs)
+        hot = set(self.hot_inodes())
+        for ino in self.hot.inodes(self.vol):
+            if ino not in hot:
+                self.hot.delete(self.vol, ino)
+                gone += 1
+        return gone
+
+    def _sync_files(self, batch: Batch) -> None:
+        if batch.chunks:
+            self.chunks.fsync(sorted(batch.chunks))
+        for vol, ino in batch.hot:
+            self.hot.fsync(vol, ino)
+
+    def delete_synced(self, in_use=None) -> int:
+        """Delete the chunk and hot files that durable records no longer name
+        (on the thread that commits). `in_use(ino)`: an open inode of this
+        volume, whose hot file stays. Returns how many files went."""
+        doomed, doomed_hot = self.durability.take_ready()
+        gone = 0
+        if doomed:
+            with self.txn(write=True) as txn:
+                gone += self.content.delete_unreferenced(txn, doomed)
+        for vol, ino in doomed_hot:
+            if vol == self.vol and in_use is not None and in_use(ino):
+                continue  # open again: its hot file is its own business
+            with self.txn() as txn:
+                if txn.get(_VI.pack(vol, ino), db=self.db["hotino"]) is not None:
+                    continue  # hot again
+            self.hot.delete(vol, ino)
+            gone += 1
+        return gone
+
+    # -------------------------------------------------------------- counters
+
+    def _key(self, ino: int) -> bytes:
+        return _VI.pack(self.vol, ino)
+
+    def _alloc_ino(self, txn) -> int:
+        k = self._vp + b"next_ino"
+        ino = _get_u64(txn, self.db["meta"], k, ROOT_INO + 1)
+        if ino >= MAX_INO:
+            raise errors.NoSpace("the volume has used every inode number")
+        txn.put(k, _u64(ino + 1), db=self.db["meta"])
+        return ino
+
+    def _alloc_cookie(self, txn) -> int:
+        # Offset 0 is "from the start"; real cookies begin at 1.
+        k = self._vp + b"next_cookie"
+        c = _get_u64(txn, self.db["meta"], k, 1)
+        txn.put(k, _u64(c + 1), db=self.db["meta"])
+        return c
+
+    def _bump(self, txn, key: bytes, delta: int, volume: bool = True) -> None:
+        if not delta:
+            return
+        k = self._vp + key if volume else key
+        if self._deltas is not None:  # batched: written once at the end
+            self._deltas[k] = self._deltas.get(k, 0) + delta
+            return
+        val = _get_u64(txn, self.db["meta"], k) + delta
+        txn.put(k, _u64(max(val, 0)), db=self.db["meta"])
+
+    def _counter(self, txn, key: bytes) -> int:
+        k = self._vp + key
+        pending = self._deltas.get(k, 0) if self._deltas is not None else 0
+        return _get_u64(txn, self.db["meta"], k) + pending
+
+    @contextlib.contextmanager
+    def batched_counters(self, txn):
+        """Counter changes inside the block are written once, at its end."""
+        self._deltas = {}
+        try:
+            yield
+            deltas, self._deltas = self._deltas, None
+            for k, delta in deltas.items():
+                val = _get_u64(txn, self.db["meta"], k) + delta
+                txn.put(k, _u64(max(val, 0)), db=self.db["meta"])
+        finally:
+            self._deltas = None  # an aborted batch leaves no pending counts behind
+
+    def meta_u64(self, key: bytes, default: int = 0) -> int:
+        """A per-volume u64 from `meta`."""
+        with self.txn() as txn:
+            return _get_u64(txn, self.db["meta"], self._vp + key, default)
+
+    def counters(self) -> dict[str, int]:
+        """Volume and store counters (files, bytes per tier, objects)."""
+        m = self.db["meta"]
+        with self.txn() as txn:
+            out = {k: _get_u64(txn, m, self._vp + k.encode())
+                   for k in ("files", "logical_bytes", "inline_bytes", "xattr_bytes", "step")}
+            for k in ("chunk_count", "chunk_bytes", "blob_count", "blob_bytes"):
+                out[k] = _get_u64(txn, m, k.encode())
+            out["inodes_allocated"] = _get_u64(txn, m, self._vp + b"next_ino", 2) - 1
+        return out
+
+    # ------------------------------------------------------------------ step
+
+    def get_step(self) -> int:
+        with self.txn() as txn:
+            return self._step(txn)
+
+    def _step(self, txn) -> int:
+        return _get_u64(txn, self.db["meta"], self._vp + b"step")
+
+    def set_step(self, step: int) -> None:
+        with self.txn(write=True) as txn:
+            txn.put(self._vp + b"step", _u64(step), db=self.db["meta"])
+
+    # ------------------------------------------------------- change tracking
+
+    def _mark(self, txn, key: bytes) -> None:
+        """Note that an object changed since the last snapshot (see `snapshots`)."""
+        if not self.tracking:
+            return
+        if self.base_clean and not self._base_touched:
+            txn.put(self._vp + b"base_changed", _u64(1), db=self.db["meta"])
+            self._base_touched = True
+        if key in self._marked or key in self._pending_marks:
+            return
+        txn.put(self._vb + key, b"", db=self.db["sdirty"])
+        self._pending_marks.add(key)
+
+    def forget_marks(self) -> None:
+        """The in-memory copy of the marks, after a snapshot consumed them."""
+        self._marked.clear()
+        self.dirty_since = None
+
+    def set_base(self, txn) -> None:
+        """The live tree now equals a snapshot (just taken or restored); call
+        last in that transaction, then `base_set()` after it commits."""
+        txn.delete(self._vp + b"base_changed", db=self.db["meta"])
+        self._base_touched = False
+
+    def base_set(self) -> None:
+        self.base_clean = True
+
+    # ---------------------------------------------------------------- inodes
+
+    def get_inode(self, ino: int) -> Inode:
+        with self.txn() as txn:
+            return self._get_inode(txn, ino)
+
+    def _get_inode(self, txn, ino: int) -> Inode:
+        raw = txn.get(self._key(ino), db=self.db["inode"])
+        if raw is None:
+            raise errors.NotFound(f"inode {ino}")
+        try:
+            return Inode.unpack(ino, raw)
+        except struct.error:
+            raise errors.Corrupt(f"inode {ino}: record does not decode") from None
+
+    def _put_inode(self, txn, inode: Inode) -> None:
+        txn.put(self._key(inode.ino), inode.pack(), db=self.db["inode"])
+        self._mark(txn, inode_key(inode.ino))
+
+    def inode_exists(self, ino: int) -> bool:
+        with self.txn() as txn:
+            return txn.get(self._key(ino), db=self.db["inode"]) is not None
+
+    #: attributes `set_attrs` may change (content fields go through commit_content)
+    SETTABLE = frozenset({"mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns",
+                          "status", "pinned", "step", "rdev"})
+
+    def set_attrs(self, ino: int, **changes) -> Inode:
+        """Change some attributes in one transaction; the new record.
+
+        Only the named fields change, so a caller holding newer buffered
+        content (an open file) never writes stale sizes back. Step, status
+        and pin move the file between the step indexes.
+        """
+        bad = set(changes) - self.SETTABLE
+        if bad:
+            raise ValueError(f"not settable: {sorted(bad)}")
+        with self.txn(write=True) as txn:
+            old = self._get_inode(txn, ino)
+            new = old.copy()
+            for name, value in changes.items():
+                if name == "mode":  # the file type never changes
+                    value = (old.mode & ~0o7777) | (value & 0o7777)
+                setattr(new, name, value)
+            self._reindex(txn, old, new)
+            self._put_inode(txn, new)
+        return new
+
+    # --------------------------------------------------------- step indexes
+
+    def _index_keys(self, inode: Inode) -> list[tuple[str, bytes]]:
+        if not inode.is_reg or inode.nlink == 0:
+            return []
+        key = _VOL_STEP_INO.pack(inode.vol, inode.step, inode.ino)
+        keys = [("bystep", key)]
+        if not inode.pinned:
+            keys.append(("agestep", key))
+            if inode.status == STATUS_DONE:
+                keys.append(("donestep", key))
+        return keys
+
+    def _reindex(self, txn, old: Inode | None, new: Inode | None) -> None:
+        before = set(self._index_keys(old)) if old else set()
+        after = set(self._index_keys(new)) if new else set()
+        for name, key in before - after:
+            txn.delete(key, db=self.db[name])
+        for name, key in after - before:
+            txn.put(key, b"", db=self.db[name])
+        # Counters over regular files with names.
+        old_live = old is not None and old.is_reg and old.nlink > 0
+        new_live = new is not None and new.is_reg and new.nlink > 0
+        self._bump(txn, b"files", int(new_live) - int(old_live))
+        old_size = old.size if old_live else 0
+        new_size = new.size if new_live else 0
+        self._bump(txn, b"logical_bytes", new_size - old_size)
+        old_inl = old.size if old_live and old.inline else 0
+        new_inl = new.size if new_live and new.inline else 0
+        self._bump(txn, b"inline_bytes", new_inl - old_inl)
+        # xattrs count while their inode has a name (any type): the quota sees
+        # them go with the last name, as it sees content go.
+        if old is not None and new is not None and (old.nlink > 0) != (new.nlink > 0):
+            held = self._xattr_totals(txn, new.ino)[0]
+            self._bump(txn, b"xattr_bytes", held if new.nlink > 0 else -held)
+
+    def scan_index(self, index: str, before_step: int | None = None,
+                   since_step: int = 0, limit: int | None = None,
+                   after_ino: int = -1) -> list[tuple[int, int]]:
+        """(step, ino) from a step index, oldest first, at most `limit`.
+
+        `index` is "bystep", "agestep" or "donestep". Cost is proportional to
+        what is returned, not to the size of the index. A list, not a
+        generator: a read transaction held open across the caller's writes
+        would keep LMDB from reusing pages, and the file would grow.
+        """
+        out: list[tuple[int, int]] = []
+        db = self.db[index]
+        with self.txn() as txn:
+            cur = txn.cursor(db=db)
+            if not cur.set_range(_VOL_STEP_INO.pack(self.vol, since_step, after_ino + 1)):
+                return out
+            for key in cur.iternext(values=False):
+                vol, step, ino = _VOL_STEP_INO.unpack(key)
+                if vol != self.vol or (before_step is not None and step >= before_step):
+                    break
+                out.append((step, ino))
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    def iter_index(self, index: str, since_step: int = 0):
+        """(step, ino) from a step index, oldest first, read in growing pages.
+
+        For callers that stop early (the quota planner): each page is its own
+        short read transaction, so writes in between never face a long
+        reader, and the cost follows what the caller consumes.
+        """
+        after = (since_step, -1)
+        page = 4
+        while True:
+            got = self.scan_index(index, since_step=after[0], limit=page, after_ino=after[1])
+            yield from got
+            if len(got) < page:
+                return
+            after = got[-1]
+            page = min(page * 4, 1024)
+
+    # -------------------------------------------------------------- content
+
+    def block_map(self, ino: int) -> dict[int, bytes]:
+        """All block references of a regular file, by block index."""
+        with self.txn() as txn:
+            return self._block_map(txn, ino)
+
+    def _block_map(self, txn, ino: int) -> dict[int, bytes]:
+        out = {}
+        prefix = self._key(ino)
+        cur = txn.cursor(db=self.db["block"])
+        if cur.set_range(prefix):
+            for key, val in cur:
+                if key[:12] != prefix:
+                    break
+                out[_U64.unpack(key[12:])[0]] = bytes(val)
+        return out
+
+    def read_block(self, ref: bytes, offset: int = 0, length: int = 1 << 62) -> bytes:
+        """Bytes of one stored block, verified against its digest."""
+        return self.content.read(self.txn, ref, offset, length)
+
+    def file_hash(self, size: int, blocks: dict[int, bytes], ino: int | None = None) -> bytes:
+        """The content hash of a file with these block references (see `filehash`);
+        hot blocks (of inode `ino`) are read from its hot file and hashed."""
+        cs = self.chunk_size
+        digests = {}
+        for i, r in blocks.items():
+            if is_hot(r):
+                n = min(cs, size - i * cs)
+                if n <= 0:
+                    continue
+                data = self.hot.read(self.vol, ino, i * cs, n)
+                if not content_all_zero(data):
+                    digests[i] = chunk_hash(data)
+            else:
+                digests[i] = ref_digest(r)
+        return filehash.file_hash(size, digests, cs)
+
+    def commit_content(
+        self,
+        inode: Inode,
+        *,
+        blocks: dict[int, bytes | bytearray | None] | None = None,
+        drop_blocks_from: int | None = None,
+        stamp_step: bool = True,
+        hot: list[int] | None = None,
+        settled: dict[int, tuple] | None = None,
+        hot_after: bool | None = None,
+    ) -> tuple[Inode, dict[int, bytes | None]]:
+        """Commit new content and attributes of a regular file in one transaction.
+
+        `blocks` maps block index -> new block bytes (None or all zeros make a
+        hole); `drop_blocks_from` drops every block at or past that index
+        (truncate). `hot` lists blocks whose bytes now live in the inode's hot
+        file (their objects are released); `settled` maps hot blocks back to
+        content: index -> (digest or None for a hole, size, small bytes or
+        None, temporary chunk file or None), skipped for a block no longer hot.
+        `hot_after` says whether the file keeps hot blocks (the `hotino`
+        index). Returns the committed inode and the new block references by
+        index (None for holes).
+        """
+        new_refs: dict[int, bytes | None] = {}
+        freed: list[bytes] = []
+        with self.txn(write=True) as txn:
+            old = self._get_inode(txn, inode.ino)
+            new = inode.copy()
+            # Names are not content: link count comes from the store, whatever
+            # the caller's copy says (an unlinked open file must stay unlinked).
+            new.nlink = old.nlink
+            new.nblocks = old.nblocks
+            if stamp_step:
+                new.step = self._step(txn)
+            if drop_blocks_from is not None:
+                dropped, n = self._drop_blocks(txn, inode.ino, drop_blocks_from)
+                freed += dropped
+                new.nblocks -= n
+            for idx, data in (blocks or {}).items():
+                bkey = self._key(inode.ino) + _u64(idx)
+                prev = txn.get(bkey, db=self.db["block"])
+                prev = bytes(prev) if prev is not None else None
+                ref = self.content.put(txn, data) if data else None
+                if ref is None:
+                    if prev is not None:
+                        txn.delete(bkey, db=self.db["block"])
+                else:
+                    txn.put(bkey, ref, db=self.db["block"])
+                new.nblocks += (ref is not None) - (prev is not None)
+                if prev is not None:
+                    digest = self.content.decref(txn, prev)
+                    if digest is not None:
+                        freed.append(digest)
+                new_refs[idx] = ref
+            for idx in hot or ():
+                bkey = self._key(inode.ino) + _u64(idx)
+                prev = txn.get(bkey, db=self.db["block"])
+                prev = bytes(prev) if prev is not None else None
+                txn.put(bkey, HOT_REF, db=self.db["block"])
+                new.nblocks += prev is None
+                if prev is not None:
+                    digest = self.content.decref(txn, prev)
+                    if digest is not None:
+                        freed.append(digest)
+            for idx, (digest, size, data, tmp) in (settled or {}).items():
+                bkey = self._key(inode.ino) + _u64(idx)
+                if txn.get(bkey, db=self.db["block"]) != HOT_REF:
+                    if tmp is not None:
+                        tmp.unlink(missing_ok=True)
+                    continue  # truncated or rewritten meanwhile
+                if digest is None:
+                    txn.delete(bkey, db=self.db["block"])
+                    new.nblocks -= 1
+                    ref = None
+                else:
+                    ref = self.content.put_settled(txn, digest, size, data=data, tmp=tmp)
+                    txn.put(bkey, ref, db=self.db["block"])
+                new_refs[idx] = ref
+            if hot_after is not None:
+                if hot_after:
+                    txn.put(self._key(inode.ino), b"", db=self.db["hotino"])
+                else:
+                    txn.delete(self._key(inode.ino), db=self.db["hotino"])
+            new.inline = new.size <= self.inline_max
+            self._reindex(txn, old, new)
+            self._put_inode(txn, new)
+        self._delete_unreferenced(freed)
+        return new, new_refs
+
+    def hot_inodes(self) -> list[int]:
+        """Inodes of this volume that have hot blocks."""
+        return self._inodes_in("hotino")
+
+    def _inodes_in(self, table: str) -> list[int]:
+        """Inode numbers of this volume in a (vol, ino) -> b"" table."""
+        out = []
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db[table])
+            if cur.set_range(self._vb):
+                for k in cur.iternext(values=False):
+                    if k[:4] != self._vb:
+                        break
+                    out.append(_VI.unpack(k)[1])
+        return out
+
+    def _drop_blocks(self, txn, ino: int, first: int) -> tuple[list[bytes], int]:
+        """Drop blocks from index `first` on: (chunk digests freed, blocks dropped)."""
+        freed = []
+        n = 0
+        prefix = self._key(ino)
+        cur = txn.cursor(db=self.db["block"])
+        if not cur.set_range(prefix + _u64(first)):
+            return freed, n
+        while cur.key()[:12] == prefix:
+            digest = self.content.decref(txn, bytes(cur.value()))
+            if digest is not None:
+                freed.append(digest)
+            n += 1
+            if not cur.delete() or not cur.key():
+                break
+        return freed, n
+
+    def _delete_block_records(self, txn, ino: int) -> None:
+        """Delete an inode's block records; the caller handles the references."""
+        prefix = self._key(ino)
+        cur = txn.cursor(db=self.db["block"])
+        if cur.set_range(prefix):
+            while cur.key()[:12] == prefix:
+                if not cur.delete() or not cur.key():
+                    break
+
+    def _delete_unreferenced(self, digests: list[bytes]) -> None:
+        """Delete chunk files whose refcount is still zero (tombstones): at
+        once in one-shot tools, after the next sync in the daemon."""
+        if not digests:
+            return
+        if self.defer_deletes:
+            self.durability.doom_chunks(digests)
+            return
+        with self.txn(write=True) as txn:
+            self.content.delete_unreferenced(txn, digests)
+
+    # ------------------------------------------------------------- freeing
+
+    def free_inodes(self, inos: list[int]) -> None:
+        """Free nameless, unused inodes and their content, in one transaction."""
+        freed: list[bytes] = []
+        self._hot_gone = []
+        with self.txn(write=True) as txn:
+            for ino in inos:
+                freed += self._free_inode(txn, ino)
+        for ino in self._hot_gone:
+            self.hot.delete(self.vol, ino)
+        self._delete_unreferenced(freed)
+
+    def free_inode(self, ino: int) -> None:
+        self.free_inodes([ino])
+
+    def _free_inode(self, txn, ino: int) -> list[bytes]:
+        key = self._key(ino)
+        raw = txn.get(key, db=self.db["inode"])
+        txn.delete(key, db=self.db["orphan"])
+        if raw is None or Inode.unpack(ino, raw).nlink > 0:
+            return []
+        freed, _ = self._drop_blocks(txn, ino, 0)
+        if txn.get(key, db=self.db["hotino"]) is not None:
+            txn.delete(key, db=self.db["hotino"])
+            self._hot_gone.append(ino)
+        txn.delete(key, db=self.db["link"])
+        self._drop_xattrs(txn, ino)  # stopped counting with the last name
+        # Not marked for snapshots: it left the tree when its last name went.
+        txn.delete(key, db=self.db["inode"])
+        return freed
+
+    def orphans(self) -> list[int]:
+        """Nameless inodes of this volume waiting to be freed."""
+        return self._inodes_in("orphan")
+
+    # ------------------------------------------------------------ logs
+
+    def removed_since(self, step: int, limit: int = 100_000) -> list[dict]:
+        with self.txn() as txn:
+            return self.logs.removed_since(txn, step, limit)
+
+    def eviction_log(self, limit: int = 100) -> list[dict]:
+        """The newest `limit` eviction records, oldest first."""
+        with self.txn() as txn:
+            return self.logs.newest(txn, limit)
+
+    def eviction_page(self, after_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        """Eviction records (seq, JSON bytes) after `after_seq`, oldest first."""
+        with self.txn() as txn:
+            return self.logs.page(txn, after_seq, limit)
+
+    def eviction_record(self, ino: int) -> dict | None:
+        with self.txn() as txn:
+            return self.logs.record_of(txn, ino)
+
+    # ----------------------------------------------------------- maintenance
+
+    def gc_chunks(self, min_temp_age_s: float = 60.0) -> dict[str, int]:
+        """Delete chunk files no record references, tombstones and old temporaries.
+
+        Only records made durable by a sync may lose their files: the daemon
+        syncs before it calls this; one-shot tools sync here.
+        """
+        from .content import LOC_FILE, unpack_record
+
+        if not self.defer_deletes:
+            self.sync()
+
+        removed = tomb = temps = 0
+        with self.txn(write=True) as txn:
+            db = self.db["content"]
+            for digest in list(self.chunks.iter_all()):
+                raw = txn.get(digest, db=db)
+                if raw is None or unpack_record(raw)[0] == 0:
+                    self.chunks.delete(digest)
+                    removed += 1
+            dead = [bytes(k) for k, v in txn.cursor(db=db)
+                    if unpack_record(v)[0] == 0 and unpack_record(v)[2] == LOC_FILE]
+            for digest in dead:
+                txn.delete(digest, db=db)
+                tomb += 1
+            cutoff = time.time() - min_temp_age_s
+            for tmp in self.chunks.iter_temps():
+                try:
+                    if tmp.stat().st_mtime < cutoff:
+                        tmp.unlink()
+                        temps += 1
+                except FileNotFoundError:
+                    pass
+        return {"chunks_removed": removed, "tombstones_removed": tomb, "temps_removed": temps}
+
+    def content_refs(self) -> dict[bytes, tuple[int, int, int]]:
+        """Every content record: digest -> (refcount, size, location)."""
+        from .content import unpack_record
+
+        with self.txn() as txn:
+            return {bytes(k): unpack_record(v) for k, v in txn.cursor(db=self.db["content"])}
+
+    def apply_refs(self, txn, deltas: Counter) -> list[bytes]:
+        """Apply net content reference changes (for snapshots); chunk digests freed."""
+        return self.content.apply(txn, deltas)
