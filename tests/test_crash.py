@@ -201,6 +201,18 @@ except OSError as exc:
 """
 
 
+def wait_until_started(writer: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and writer.poll() is None:
+        if log_path.exists() and b'"started"' in log_path.read_bytes():
+            return
+        time.sleep(0.01)
+    if writer.poll() is not None:
+        _, err = writer.communicate()
+        pytest.fail(f"the writer ended before it started: {err.decode()[-2000:]}")
+    pytest.fail(f"the writer did not start within {timeout:.0f} s")
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -317,6 +329,9 @@ def test_sigkill_rounds_lose_nothing_durable(crash_run: MountedRun, tmp_path: Pa
             ],
             stderr=subprocess.PIPE,
         )
+        # The kill lands while the writer works, not while its interpreter
+        # starts (on a loaded machine that can take longer than the pause).
+        wait_until_started(writer, log_path)
         time.sleep(rng.uniform(0.1, 0.9))
         kill_daemon(run)
         try:
