@@ -349,37 +349,7 @@ def test_eviction_deletes_chunk_files_and_keeps_shared_ones(run) -> None:
     assert st["files"] == 0 and st["chunk_count"] == 0 and st["logical_bytes"] == 0
 
 
-def test_open_file_survives_its_own_eviction_until_closed(run) -> None:
-    root = run.root
-    data = os.urandom(3 * MiB + 17)
-    (root / "held").write_bytes(data)
-    mark_done(root / "held")
-    ours = chunk_files(run)
-    assert len(ours) == 3  # the 17-byte tail lives in LMDB
-
-    with open(root / "held", "rb") as f:
-        head = f.read(1000)
-        assert evicted_paths(step_to(run, 4)) == {"held": "done"}
-        assert_gone(root / "held")
-        # The open descriptor still reads the whole content, from disk chunks.
-        assert chunk_files(run) == ours
-        rest = f.read()
-        assert head + rest == data
-        f.seek(MiB + 5)
-        assert f.read(10) == data[MiB + 5 : MiB + 15]
-        assert os.fstat(f.fileno()).st_size == len(data)
-    wait_for(lambda: chunk_files(run) == set(), "the chunks to go after the last close")
-    ref = {
-        "ino": call(run.run_dir, "evicted")["records"][0]["ino"],
-        "gen": call(run.run_dir, "evicted")["records"][0]["gen"],
-    }
-    assert call(run.run_dir, "resolve", ref=ref)["state"] == "evicted"
-
-
-# --------------------------------------------------------- quota and limits
-
-
-def quota_log_events(run, event: str) -> list[dict]:
+def log_events(run, event: str) -> list[dict]:
     out = []
     for line in run.log_text().splitlines():
         try:
@@ -389,6 +359,75 @@ def quota_log_events(run, event: str) -> list[dict]:
         if doc.get("event") == event:
             out.append(doc)
     return out
+
+
+def test_file_read_across_the_step_is_deferred_then_evicted_at_close(run) -> None:
+    root = run.root
+    data = os.urandom(3 * MiB + 17)
+    (root / "held").write_bytes(data)
+    mark_done(root / "held")
+    with open(root / "held", "rb") as f:
+        head = f.read(1000)
+        out = run.cli("step", run.run_dir, "4").stdout
+        assert "evicted 0 file(s)" in out and "deferred 1 open file(s)" in out, out
+        assert re.search(r"done\s+held\s+\(open, 1 handle", out), out
+        # Still there for everyone, and the descriptor reads on.
+        assert_present(root / "held", data)
+        assert head + f.read() == data
+        assert call(run.run_dir, "evicted")["records"] == []
+        assert run.status()["eviction_deferred"] == ["held"]
+        [event] = log_events(run, "eviction_deferred")
+        assert event["paths"] == ["held"] and event["why"] == "open" and event["step"] == 4
+    # Closed: it is looked at again, is still due, and goes.
+    wait_for(lambda: not (root / "held").exists(), "the deferred file to go after its close")
+    assert_gone(root / "held")
+    [record] = call(run.run_dir, "evicted")["records"]
+    assert (record["path"], record["reason"], record["evicted_step"]) == ("held", "done", 4)
+    assert record["hash"] == content_hash(data)
+    wait_for(lambda: chunk_files(run) == set(), "the chunks to go")
+
+
+def test_writer_that_keeps_writing_across_the_step_loses_nothing(run_factory) -> None:
+    r = run_factory("writer", "--max-age-steps", "2")
+    log_path = r.root / "server.log"
+    # A shell writer holding the file open, told when to write each line.
+    writer = subprocess.Popen(["sh", "-c", 'exec > "$1"; while read -r l; do echo "$l"; done',
+                               "sh", str(log_path)], stdin=subprocess.PIPE, text=True)
+    expected = ""
+
+    def line(i: int) -> None:
+        nonlocal expected
+        writer.stdin.write(f"line {i}\n")
+        writer.stdin.flush()
+        expected += f"line {i}\n"
+        wait_for(lambda: log_path.exists() and log_path.stat().st_size == len(expected),
+                 f"line {i} to land")
+
+    try:
+        for i in range(10):
+            line(i)
+        report = step_to(r, 5)  # the file is 5 steps old, past max_age 2
+        assert report["evicted"] == [] and [(d["path"], d["reason"], d["why"])
+                                            for d in report["deferred"]] == [
+            ("server.log", "max_age", "open")]
+        for i in range(10, 30):
+            line(i)
+    finally:
+        writer.stdin.close()
+        assert writer.wait(timeout=30) == 0
+    # Written at step 5 until its close: young, so it stays, every line in it.
+    wait_for(lambda: r.status()["eviction_deferred"] == [], "the look at it after its close")
+    assert log_path.read_text() == expected
+    assert vfsd_attr(log_path, "step") == "5"
+    assert call(r.run_dir, "evicted")["records"] == []
+    # Closed and old enough now: the next advance evicts it like any file.
+    assert evicted_paths(step_to(r, 8)) == {"server.log": "max_age"}
+
+
+# --------------------------------------------------------- quota and limits
+
+
+quota_log_events = log_events
 
 
 def test_quota_evicts_oldest_unpinned_then_refuses_with_enospc(run_factory) -> None:

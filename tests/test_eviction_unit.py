@@ -280,29 +280,54 @@ def test_dry_run_changes_nothing(make) -> None:
     assert real["evicted"] == dry["evicted"]
 
 
-def test_open_file_survives_its_eviction_until_release(make) -> None:
+def test_open_file_is_deferred_then_evicted_after_its_last_close(make) -> None:
     v = make(max_age_steps=2)
     data = os.urandom(2 * CS + 1)
-    f = v.file(b"f", step=0)
-    of = v.files.acquire(f)
-    v.files.write(of, 0, data)  # still buffered when eviction comes
-    report = v.evictor.run(5)
-    assert [r["ino"] for r in report["evicted"]] == [f]
-    assert report["evicted"][0]["hash"] == bytes_hash(data, CS).hex()
+    f = v.file(b"f", data, step=0)
+    reader = v.files.acquire(f)
+    v.store.set_step(5)
+    report = v.evictor.run()
+    assert report["evicted"] == [] and report["files"] == 0
+    assert [(d["ino"], d["path"], d["reason"], d["why"], d["handles"])
+            for d in report["deferred"]] == [(f, "f", "max_age", "open", 1)]
+    assert v.store.lookup(v.store.root_ino, b"f").ino == f
+    assert v.files.read(reader, 0, len(data)) == data
+    assert v.evictor.recheck({f})["evicted"] == []  # still open: nothing yet
+    v.files.release(reader)
+    records = v.evictor.recheck({f})["evicted"]
+    assert [(r["ino"], r["reason"], r["hash"]) for r in records] == [
+        (f, "max_age", bytes_hash(data, CS).hex())]
     with pytest.raises(errors.NotFound):
         v.store.lookup(v.store.root_ino, b"f")
-    # The handle keeps working: reads, and writes that are committed.
-    assert v.store.inode_exists(f) and v.store.orphans() == [f]
-    assert v.files.read(of, 0, len(data)) == data
-    v.files.write(of, len(data), b"more")
-    v.files.flush(of)
-    assert v.files.read(of, 0, len(data) + 4) == data + b"more"
-    assert v.store.get_inode(f).nlink == 0 and v.store.counters()["files"] == 0
-    assert list(v.store.scan_index("bystep")) == []
-    v.files.release(of)
-    v.ops._maybe_free(f)  # what fs.release does after the last handle
-    assert not v.store.inode_exists(f)
+    assert v.evictor.deferred == {}
     assert v.chunk_files() == set() and v.store.counters()["chunk_count"] == 0
+
+
+def test_file_written_while_deferred_is_young_at_its_close(make) -> None:
+    v = make(max_age_steps=2)
+    f = v.file(b"log", b"line 0\n", step=0)
+    writer = v.files.acquire(f)
+    v.store.set_step(5)
+    assert [d["ino"] for d in v.evictor.run()["deferred"]] == [f]
+    v.files.write(writer, 7, b"line 1\n")  # buffered, committed at release: step 5
+    v.files.release(writer)
+    assert v.evictor.recheck({f})["evicted"] == []
+    assert v.store.lookup(v.store.root_ino, b"log").step == 5
+    assert v.files.read(v.files.acquire(f), 0, 100) == b"line 0\nline 1\n"
+
+
+def test_quota_passes_over_open_files(make) -> None:
+    v = make(quota_bytes=3000)
+    held = v.file(b"held", b"h" * 1500, step=0)
+    other = v.file(b"other", b"o" * 1000, step=1)
+    writing = v.file(b"writing", step=2)
+    of = v.files.acquire(held)
+    v.evictor.reserve(1000, writing)  # the oldest is open: the next one goes
+    assert v.store.inode_exists(held) and not v.store.inode_exists(other)
+    v.evictor.take_invalidations()
+    with pytest.raises(errors.NoSpace):
+        v.evictor.reserve(2000, writing)  # only the open file could make room
+    v.files.release(of)
 
 
 def test_set_step_runs_eviction_and_refuses_going_back(make) -> None:

@@ -229,6 +229,7 @@ class Daemon:
             nursery.start_soon(self._fuse_main, nursery.cancel_scope)
             nursery.start_soon(self.ops.run_invalidator)
             nursery.start_soon(self.settler.run)
+            nursery.start_soon(self.evictor.run_rechecks)
             nursery.start_soon(self._sync_loop)
             nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
             await trio.sleep(0)

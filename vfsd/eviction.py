@@ -6,21 +6,33 @@ A regular file is evicted when it is `done` and older than
 current step minus the step of the file's last change. Every decision comes
 from range scans of the store's step indexes, so the cost follows what is
 evicted, not how many files exist.
+
+A file open anywhere (a program's descriptor or mapping, or the daemon's own
+handle while it settles hot blocks) is never evicted: it is deferred, listed
+as such in the report and the log, and reconsidered when its last handle
+goes (`run_rechecks`). Removing the name of a file being written would send
+every later write into an inode nobody can reach again.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import pyfuse3
 import structlog
+import trio
 
-from vfsd.store.inode import STATUS_NAMES
+from vfsd.store.inode import STATUS_DONE, STATUS_NAMES
 
 from . import errors
 from .config import Config
 
 log = structlog.get_logger("vfsd.eviction")
+
+#: reasons reconsidered when a deferred file closes (the limits are looked at
+#: again by the next write that needs room)
+RECHECKED = frozenset({"done", "max_age"})
 
 
 class Evictor:
@@ -37,6 +49,12 @@ class Evictor:
         self.pending_invalidations: list[tuple[int, bytes, int]] = []
         # Called after the step advances (snapshot retention by age).
         self.after_step = None
+        # ino -> reason, for files that were due but open: reconsidered at
+        # their last close (`closed`, `run_rechecks`).
+        self.deferred: dict[int, str] = {}
+        self.deferred_total = 0
+        self._recheck_send, self._recheck_recv = trio.open_memory_channel(math.inf)
+        ops.on_last_close = self.closed
 
     # ------------------------------------------------------------ planning
 
@@ -60,9 +78,11 @@ class Evictor:
         counters = self.store.counters()
         used = self.usage(counters) + extra_bytes
         nfiles = counters["files"] + extra_files
+        open_files = self.files.files
         for ino in victims:
-            used -= self._frees(ino)
-            nfiles -= 1
+            if ino not in open_files:  # an open file stays: it frees nothing now
+                used -= self._frees(ino)
+                nfiles -= 1
 
         def over_quota() -> bool:
             return cfg.quota_bytes is not None and used > cfg.quota_bytes
@@ -73,7 +93,7 @@ class Evictor:
         if not (over_quota() or over_files()):
             return
         for _, ino in self.store.iter_index("agestep"):
-            if ino in victims or ino == exclude:
+            if ino in victims or ino == exclude or ino in open_files:
                 continue
             frees = self._frees(ino)
             if not over_files() and frees == 0:
@@ -100,25 +120,44 @@ class Evictor:
 
     def run(self, step: int | None = None, *, dry_run: bool = False,
             extra_bytes: int = 0, extra_files: int = 0, exclude: int | None = None) -> dict:
-        """Evict what policy says at `step` (default: the current step); a report."""
+        """Evict what policy says at `step` (default: the current step); a report.
+
+        Open files are left alone and listed under `deferred`.
+        """
         t0 = time.perf_counter()
         current = self.store.get_step()
         step = current if step is None else step
         plan = self.plan(step, extra_bytes=extra_bytes, extra_files=extra_files,
                          exclude=exclude)
-        records = []
         open_files = self.files.files
-        facts = self.store.eviction_facts([ino for ino, _ in plan if ino not in open_files])
-        for ino, reason in plan:
-            if ino in open_files:  # buffered writes count: hash what readers see
-                try:
-                    digest = self.files.content_hash(ino)
-                except errors.StoreError:
-                    digest = b""
-                inode = self.files.attrs(ino)
-                path = self.store.path_of(ino) or ""
-            else:
-                inode, path, digest = facts[ino]
+        due = [(ino, reason) for ino, reason in plan if ino not in open_files]
+        held = [(ino, reason) for ino, reason in plan if ino in open_files]
+        records = self._apply(due, step, dry_run)
+        deferred = [self._deferral(ino, reason) for ino, reason in held]
+        if not dry_run:
+            for ino, reason in held:
+                if reason in RECHECKED:
+                    self.deferred[ino] = reason
+            self.deferred_total += len(held)
+        report = {
+            "step": step, "dry_run": dry_run, "evicted": records, "files": len(records),
+            "bytes": sum(r["size"] for r in records), "deferred": deferred,
+            "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
+        }
+        if records:
+            log.info("evicted", step=step, dry_run=dry_run, files=len(records),
+                     bytes=report["bytes"], duration_ms=report["duration_ms"])
+        if deferred:
+            log.info("eviction_deferred", step=step, dry_run=dry_run, files=len(deferred),
+                     why="open", paths=[d["path"] for d in deferred[:20]])
+        return report
+
+    def _apply(self, victims: list[tuple[int, str]], step: int, dry_run: bool) -> list[dict]:
+        """Eviction records for closed files `victims`; removed unless `dry_run`."""
+        facts = self.store.eviction_facts([ino for ino, _ in victims])
+        records = []
+        for ino, reason in victims:
+            inode, path, digest = facts[ino]
             records.append({
                 "path": path, "ino": ino, "gen": inode.gen, "hash": digest.hex(),
                 "size": inode.size, "step": inode.step, "evicted_step": step,
@@ -128,15 +167,78 @@ class Evictor:
             removed = self.store.evict([(r["ino"], r) for r in records])
             self._tell_kernel(removed)
             self.evicted_total += len(records)
-        report = {
-            "step": step, "dry_run": dry_run, "evicted": records, "files": len(records),
-            "bytes": sum(r["size"] for r in records),
-            "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
-        }
+        return records
+
+    def _deferral(self, ino: int, reason: str) -> dict:
+        """What the report says of a due file left alone because it is open."""
+        inode = self.files.attrs(ino)
+        of = self.files.get(ino)
+        return {"path": self.store.path_of(ino) or "", "ino": ino, "reason": reason,
+                "size": inode.size, "step": inode.step, "why": "open",
+                "handles": of.handles if of is not None else 0}
+
+    # ------------------------------------------------------- deferred files
+
+    def deferred_paths(self, limit: int) -> list[str]:
+        """Paths of the files waiting for their last close, at most `limit`."""
+        return sorted(self.store.path_of(ino) or f"#{ino}"
+                      for ino in list(self.deferred)[:limit])
+
+    def closed(self, ino: int) -> None:
+        """The last handle of `ino` went (called by the FUSE layer)."""
+        if ino in self.deferred:
+            self._recheck_send.send_nowait(ino)
+
+    def recheck(self, inos: set[int]) -> dict:
+        """Evict the deferred files among `inos` that are closed and still due."""
+        step = self.store.get_step()
+        victims = []
+        for ino in sorted(inos):
+            if ino in self.files.files or ino not in self.deferred:
+                continue  # opened again meanwhile: its next close brings it back
+            self.deferred.pop(ino)
+            reason = self._due(ino, step)
+            if reason is not None:
+                victims.append((ino, reason))
+        records = self._apply(victims, step, dry_run=False)
         if records:
-            log.info("evicted", step=step, dry_run=dry_run, files=len(records),
-                     bytes=report["bytes"], duration_ms=report["duration_ms"])
-        return report
+            log.info("evicted", step=step, files=len(records),
+                     bytes=sum(r["size"] for r in records), after_close=True,
+                     paths=[r["path"] for r in records[:20]])
+        return {"step": step, "evicted": records}
+
+    def _due(self, ino: int, step: int) -> str | None:
+        """The reason the policy evicts `ino` at `step`, or None."""
+        try:
+            inode = self.store.get_inode(ino)
+        except errors.NotFound:
+            return None
+        if not inode.is_reg or inode.nlink == 0 or inode.pinned:
+            return None
+        cfg = self.config
+        age = step - inode.step
+        if inode.status == STATUS_DONE and age > cfg.done_retention_steps:
+            return "done"
+        if age > cfg.max_age_steps:
+            return "max_age"
+        return None
+
+    async def run_rechecks(self) -> None:
+        """The background task: deferred files are reconsidered once closed."""
+        async for ino in self._recheck_recv:
+            batch = {ino}
+            while True:
+                try:
+                    batch.add(self._recheck_recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            try:
+                self.recheck(batch)
+            except errors.StoreError as exc:  # a full disk: the next step advance retries
+                log.warning("recheck_failed", error=str(exc), files=len(batch))
+            pending = self.take_invalidations()
+            if pending:
+                await trio.to_thread.run_sync(self.invalidate_now, pending)
 
     def _tell_kernel(self, removed: list[tuple[int, list[tuple[int, bytes]]]]) -> None:
         """Queue kernel invalidations for removed names; free what nobody uses."""

@@ -70,6 +70,9 @@ def live_status(daemon) -> dict:
         "quota_used_bytes": ev.usage(),
         "quota_bytes": daemon.config.quota_bytes,
         "open_files": len(ops.files.files),
+        # Due files left alone because they are open: they go at their close
+        # if still due (the first 100 paths).
+        "eviction_deferred": ev.deferred_paths(100),
         "dirty_bytes": ops.files.dirty_bytes,
         "dirty_limit": ops.files.dirty_limit,
         "hot_files": len(daemon.store.hot_inodes()),
@@ -77,6 +80,7 @@ def live_status(daemon) -> dict:
         "chunk_cache_limit": daemon.store.chunks.cache_limit,
         "counters": {**ops.counters.as_dict(), "evicted": ev.evicted_total,
                      "enospc": ev.enospc_total,
+                     "eviction_deferred": ev.deferred_total,
                      "chunk_cache_hits": daemon.store.chunks.cache_hits,
                      "chunk_cache_misses": daemon.store.chunks.cache_misses,
                      # LMDB's last transaction id: write transactions so far.

@@ -29,6 +29,13 @@ def _print_report(report: dict, as_json: bool) -> None:
                f"{human(report['bytes'])}")
     for r in report["evicted"]:
         click.echo(f"  {r['reason']:<9} {r['path']}  ({human(r['size'])}, written at step {r['step']})")
+    deferred = report.get("deferred") or []
+    if deferred:
+        click.echo(f"deferred {len(deferred)} open file(s): they stay while open and are "
+                   "looked at again when closed")
+    for d in deferred:
+        click.echo(f"  {d['reason']:<9} {d['path']}  (open, {d['handles']} handle(s); "
+                   f"{human(d['size'])}, written at step {d['step']})")
 
 
 @cli.command()

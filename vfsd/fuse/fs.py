@@ -164,6 +164,9 @@ class VfsdOperations(pyfuse3.Operations):
         self.limits = None
         # () -> [(parent, name, ino)] that eviction removed and the kernel may cache.
         self.evicted_names = None
+        # Called with an inode number when a file's last handle goes (eviction
+        # reconsiders the files it deferred because they were open).
+        self.on_last_close = None
         self._disk_free = 0
         self._disk_checked = 0.0
         self._loading: dict[bytes, trio.Event] = {}  # chunk loads in flight
@@ -318,6 +321,8 @@ class VfsdOperations(pyfuse3.Operations):
         it has no name and the kernel forgot it."""
         if inode.nlink == 0:
             self._maybe_free(inode.ino)
+        elif self.on_last_close is not None:
+            self.on_last_close(inode.ino)
 
     def _maybe_free(self, *inos: int) -> None:
         """Free inodes with no names, no kernel references and no handles.
