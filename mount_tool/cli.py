@@ -1,5 +1,9 @@
 """`mount-tool`: the agent-side command line (mount a run dir, take and read refs).
 
+It is for the agent and its tools, next to `vfsd` (the operator's command):
+every answer is one JSON document on stdout (a FileRef, a report), so a tool
+call's output can go straight into graph state; errors are on stderr.
+
 Exit codes: 0 ok, 1 usage or daemon error, 3 evicted, 4 stale ref, 5 missing,
 6 damaged (the store cannot serve the content: `vfsd fsck --verify`).
 """
@@ -45,19 +49,26 @@ def _load_ref(text: str) -> dict[str, Any]:
     return value
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Agent-side tools for vfsd mounts: mount a run dir, take and read file refs."""
+    """Agent-side tools for vfsd mounts: mount a run dir, take and read file refs.
+
+    Every answer is JSON on stdout (for programs); `vfsd` is the operator's
+    command for the same run dirs. Exit codes: 0 ok, 1 error, 3 evicted,
+    4 stale ref, 5 missing, 6 damaged.
+    """
 
 
 @main.command("mount")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--done-retention-steps", type=int)
-@click.option("--max-age-steps", type=int)
-@click.option("--quota-bytes", type=int)
-@click.option("--max-files", type=int)
-@click.option("--store", type=click.Path(file_okay=False))
-@click.option("-o", "--option", "extra", multiple=True, help="any vfsd mount flag as KEY=VALUE")
+@click.option("--done-retention-steps", type=int, help="Steps a done file is kept [3].")
+@click.option("--max-age-steps", type=int, help="Steps any unpinned file is kept [20].")
+@click.option("--quota-bytes", help="Byte quota, e.g. 10G; oldest unpinned files go first.")
+@click.option("--max-files", type=int, help="File-count limit; oldest unpinned files go first.")
+@click.option("--store", type=click.Path(file_okay=False),
+              help="Store directory, shared by several run dirs [RUN_DIR/.vfsd].")
+@click.option("-o", "--option", "extra", multiple=True,
+              help="Any `vfsd mount` option as KEY=VALUE (repeatable), e.g. -o remote=s3://B/P.")
 def mount_command(run_dir: str, extra: tuple[str, ...], **flags: Any) -> None:
     """Mount RUN_DIR (RUN_DIR/fs) and print the mounted directory; the daemon keeps running."""
     options = {k: v for k, v in flags.items() if v is not None}

@@ -78,7 +78,7 @@ def test_compaction_gives_space_back(run):
     assert proc.returncode == 1 and "unmount it to compact" in proc.stderr, proc
     run.umount()
     before = data_mdb(run)
-    result = json.loads(vfsd_cli("gc", "--compact", run.run_dir).stdout)
+    result = json.loads(vfsd_cli("gc", "--compact", "--json", run.run_dir).stdout)
     after = data_mdb(run)
     print(f"\ndata.mdb after {WORKLOAD_BYTES // MiB} MiB of small files created and deleted: "
           f"{before / MiB:.1f} MiB, compacted: {after / MiB:.1f} MiB")
@@ -118,7 +118,7 @@ def test_compaction_refused_while_any_run_dir_uses_the_store(run_factory, tmp_pa
         assert not is_mounted(c.root)
     finally:
         os.close(fd)
-    json.loads(vfsd_cli("gc", "--compact", a.run_dir).stdout)
+    json.loads(vfsd_cli("gc", "--compact", "--json", a.run_dir).stdout)
     a.mount()
     assert (a.root / "f").read_bytes() == b"a"
 

@@ -136,7 +136,7 @@ def test_parent_must_be_older():
 
 
 @pytest.mark.parametrize("text, why", [
-    ("", "RUN_ID@SNAPSHOT"), ("abc", "RUN_ID@SNAPSHOT"), ("@s1", "RUN_ID@SNAPSHOT"),
+    ("", "RUN_ID"), ("@s1", "RUN_ID"), ("a@b@s1", "run id"),
     ("run@", "not a snapshot id"), ("run@1", "not a snapshot id"), ("run@s0", "not a snapshot"),
     ("run@s01", "not a snapshot"), ("../x@s1", "run id"), ("a b@s1", "run id"),
     ("run@s99999999999999999999", "not a snapshot"),
@@ -148,3 +148,4 @@ def test_bad_resume_specs(text, why):
 
 def test_good_resume_spec():
     assert parse_resume_spec(f"{RUN}@s12") == (RUN, 12)
+    assert parse_resume_spec(RUN) == (RUN, None)  # its latest published snapshot

@@ -174,9 +174,19 @@ def test_cli_says_what_happened_when_the_daemon_dies_mid_request(run):
         proc = vfsd_cli(args[0], run.run_dir, *args[1:], check=False)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
         assert proc.stderr.startswith("vfsd: "), (args, proc.stderr)
-    # These two work without the daemon: on the store itself.
-    assert "running" in vfsd_cli("status", run.run_dir).stdout
-    assert "chunks_removed" in vfsd_cli("gc", run.run_dir).stdout
+    # These work without the daemon, on the store itself; status says the
+    # daemon is dead and how to clean up, and exits 4 (EXIT_DEAD).
+    proc = vfsd_cli("status", run.run_dir, check=False)
+    assert proc.returncode == 4 and "DEAD" in proc.stdout, proc
+    assert "is dead" in proc.stderr and f"vfsd umount {run.run_dir}" in proc.stderr, proc.stderr
+    assert json.loads(vfsd_cli("status", run.run_dir, "--json", check=False).stdout)[
+        "daemon"]["state"] == "dead"
+    assert "chunks_removed" in vfsd_cli("gc", run.run_dir, "--json").stdout
+    assert "chunk files removed" in vfsd_cli("gc", run.run_dir).stdout
+    vfsd_cli("umount", run.run_dir)
+    proc = vfsd_cli("status", run.run_dir)
+    assert "not running (unmounted)" in proc.stdout and proc.stderr == ""
+    assert vfsd_cli("status", run.run_dir, "--check", check=False).returncode == 1
 
 
 def test_umount_says_when_the_stale_mount_stays(tmp_path: Path):

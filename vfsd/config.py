@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from dataclasses import asdict, dataclass, fields
@@ -19,6 +20,31 @@ _PROFILE = re.compile(r"[A-Za-z0-9_.+=@-]{1,64}")
 
 class ConfigError(ValueError):
     """A configuration file or option is wrong; the message says how."""
+
+
+#: options that are byte counts: they take a number or a size with a unit
+SIZE_OPTIONS = ("inline_max", "chunk_size", "quota_bytes", "remote_cache_bytes")
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtpe]?)(i?)(b?)\s*", re.IGNORECASE)
+_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
+
+
+def parse_size(value, name: str = "size") -> int:
+    """Bytes from an int or text such as `65536`, `10G`, `256MiB`, `1.5 GB`.
+
+    Units are binary whatever their spelling (`K`, `KB`, `KiB` are all 1024),
+    as in `du -h` and `vfsd status`: a size read back is the size given.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a size such as 65536, 10G or 256MiB, got {value!r}")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    if m is None or (m[3] and not m[2]):
+        raise ConfigError(f"{name} must be a size such as 65536, 10G or 256MiB, got {value!r}")
+    number = float(m[1]) * 1024 ** _SIZE_POWERS[m[2].lower()]
+    if number != int(number):
+        raise ConfigError(f"{name} {value!r} is not a whole number of bytes")
+    return int(number)
 
 
 @dataclass
@@ -235,10 +261,18 @@ def load_config(path: Path | None, overrides: dict) -> Config:
         known = set(option_names())
         unknown = sorted(set(section) - known)
         if unknown:
-            raise ConfigError(
-                f"unknown option(s) in {path}: {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(known))})"
-            )
+            raise ConfigError(f"unknown option(s) in {path}: "
+                              + "; ".join(_unknown_key(k, known) for k in unknown))
         values.update(section)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    for name in SIZE_OPTIONS:
+        if values.get(name) is not None:
+            values[name] = parse_size(values[name], name)
     return Config(**values).validate()
+
+
+def _unknown_key(key: str, known: set[str]) -> str:
+    """`key`, with the known option it most likely meant."""
+    close = difflib.get_close_matches(key.replace("-", "_"), sorted(known), n=1, cutoff=0.6)
+    return f"{key!r} (did you mean {close[0]!r}?)" if close else \
+        f"{key!r} (see systemd/vfsd.toml.example for every option)"

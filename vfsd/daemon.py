@@ -68,6 +68,9 @@ class Daemon:
         self._hold_fd: int | None = None
         self.metrics = None
         self.started = time.monotonic()
+        #: `on_wait(seconds, text)`: startup is about to wait up to `seconds` (for the
+        #: object store, another worker's lease); `run_daemon` tells `vfsd mount`
+        self.on_wait = lambda seconds, text: None
 
     # --------------------------------------------------------------- setup
 
@@ -119,6 +122,7 @@ class Daemon:
         try:
             if self.config.remote_url is not None:
                 self.remote = RemoteTier(RemoteURL.parse(self.config.remote_url), self.config)
+                self.remote.on_wait = self.on_wait
                 if self.resume_from is not None:
                     self.remote.resume(self.store_dir, self.volume, self.resume_from)
         except RemoteStartupError as exc:
@@ -173,6 +177,7 @@ class Daemon:
                 self.remote = RemoteTier(RemoteURL.parse(url), self.config)
             except RemoteStartupError as exc:
                 raise StartupError(str(exc)) from None
+            self.remote.on_wait = self.on_wait
         try:
             self.remote.attach(self.store, self.snapshots)
         except RemoteStartupError as exc:
@@ -293,8 +298,32 @@ class Daemon:
                 pyfuse3.terminate()
                 return
 
+    def ready_info(self) -> dict:
+        """What `vfsd mount` says once mounted: read-only or not, and why."""
+        if self.remote is None:
+            return {"read_only": False}
+        return {"read_only": not self.remote.writable(), "remote": str(self.remote.url),
+                "run": self.remote.run_id, "state": self.remote.state,
+                "reason": self.remote.reason or None}
+
+    def _warn_unpublished(self) -> None:
+        """A remote run stopping with snapshots its bucket does not have yet: say so
+        in the log (they stay in the local store; the next mount publishes them)."""
+        try:
+            status = self.remote.publish_status()
+        except Exception:  # noqa: BLE001 - a report on the way out, never a failure
+            return
+        left = [s["id"] for s in status["snapshots"] if not s["published"]]
+        if left and self.remote.state != "lost":
+            log.warning("stopped_with_unpublished_snapshots", snapshots=left[-10:],
+                        count=len(left), run=self.remote.run_id,
+                        detail="kept in the local store; published by the next mount")
+
     def shutdown(self) -> None:
         """Commit buffers, free what the kernel no longer references, close."""
+        if self.remote is not None and self.remote.publisher is not None \
+                and self.store is not None:
+            self._warn_unpublished()
         if self.metrics is not None:
             self.metrics.close()  # a scrape must not read a closing store
         if self.ops is not None:
@@ -320,13 +349,26 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
                resume_from: str | None = None) -> int:
     """Run until unmounted. Reports readiness (or the startup error) on `ready_fd`."""
 
-    def report(msg: str) -> None:
+    # The ready pipe (`vfsd mount` reads it; spawn_daemon documents the lines):
+    # WAIT lines while starting, then one READY or ERROR line, and it is closed.
+    def say(line: str) -> None:
         if ready_fd is not None:
             try:
-                os.write(ready_fd, msg.encode() + b"\n")
+                os.write(ready_fd, line.replace("\n", " ").encode() + b"\n")
+            except OSError:
+                pass
+
+    def report(msg: str) -> None:
+        say(msg)
+        if ready_fd is not None:
+            try:
                 os.close(ready_fd)
             except OSError:
                 pass
+
+    def on_wait(seconds: float, text: str) -> None:
+        log.info("startup_wait", seconds=round(seconds, 1), reason=text)
+        say(f"WAIT {max(0.0, seconds):.1f} {text}")
 
     # The store holds file contents: nobody but the owner may read it,
     # whatever the caller's umask (files in the mount get their own modes).
@@ -335,6 +377,7 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     stream = sys.stderr if log_to_stderr else open(run.log, "a", buffering=1)
     setup_logging(config.log_level, stream)
     daemon = Daemon(run, config, store_dir, volume, resume_from=resume_from)
+    daemon.on_wait = on_wait
     try:
         daemon.prepare()
     except StartupError as exc:
@@ -353,7 +396,7 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
         return 1
 
     def ready() -> None:
-        report("READY")
+        report("READY " + json.dumps(daemon.ready_info()))
         notify.notify("READY=1")
 
     code = 0

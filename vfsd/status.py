@@ -32,8 +32,19 @@ def store_status(store) -> dict:
         "xattr_bytes": c["xattr_bytes"],
         "stored_bytes": stored,
         "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
+        "snapshots": _snapshot_summary(store),
         "remote": _remote_summary(store),
     }
+
+
+def _snapshot_summary(store) -> dict:
+    """How many snapshots are kept, the last, and whether the live files moved on."""
+    from vfsd.snapshots.snapshots import Snapshots
+
+    snaps = Snapshots(store)
+    listed = snaps.list()
+    return {"count": len(listed), "pinned": sum(1 for s in listed if s["pinned"]),
+            **snaps.state()}
 
 
 def _remote_summary(store) -> dict | None:

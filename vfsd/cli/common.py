@@ -1,9 +1,14 @@
-"""What every verb shares: the `vfsd` group, failing with a message, control calls."""
+"""What every verb shares: the `vfsd` group, output, failing with a message, control calls.
+
+The conventions these helpers carry are written in `vfsd.cli`'s docstring.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -11,13 +16,32 @@ import click
 from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
 from vfsd.rundir import RunDir, pid_alive
 
+# Exit codes. 0, 1 and 2 mean the same for every verb; the others belong to
+# the verbs named and are documented in the README's command table.
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2  # bad input: click's own usage errors use 2 as well
+#: `vfsd umount`: unmounted, but snapshots or chunks were left unpublished
+EXIT_UNPUBLISHED = 3
+#: `vfsd status`: the run dir's daemon is dead (a stale mount is left)
+EXIT_DEAD = 4
+#: `vfsd status --check`: running, but not healthy (read-only, remote degraded)
+EXIT_DEGRADED = 5
 
-def fail(msg: str, code: int = 1):
+
+def fail(msg: str, code: int = EXIT_FAILED):
+    """`vfsd: msg` on stderr, then exit with `code`."""
     click.echo(f"vfsd: {msg}", err=True)
     sys.exit(code)
 
 
+def warn(msg: str) -> None:
+    """`vfsd: msg` on stderr; the command goes on."""
+    click.echo(f"vfsd: {msg}", err=True)
+
+
 def human(n: float) -> str:
+    """A byte count in binary units: `512 B`, `1.5 MiB`."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -25,10 +49,111 @@ def human(n: float) -> str:
     return str(n)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="vfsd")
+def rows(pairs: list[tuple[str, object]]) -> str:
+    """Aligned `key  value` lines, the text form of a status-like answer."""
+    if not pairs:
+        return ""
+    width = max(len(k) for k, _ in pairs)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in pairs)
+
+
+def emit(doc, as_json: bool, text=None) -> None:
+    """Print a verb's answer: `doc` as JSON with --json, else `text(doc)` (a str
+    or lines); without `text` the doc is printed as compact JSON either way."""
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if text is None:
+        click.echo(json.dumps(doc))
+        return
+    out = text(doc)
+    if isinstance(out, str):
+        if out:
+            click.echo(out)
+    else:
+        for line in out:
+            click.echo(line)
+
+
+def json_option(fn):
+    """The --json flag every verb has."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON document instead of text.")(fn)
+
+
+@contextmanager
+def progress(total: int | None, desc: str, unit: str = "it", enabled: bool = True):
+    """A tqdm bar on stderr when it is a terminal (and `enabled`), else a no-op
+    object with the same `update()`."""
+    if enabled and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
+                   unit_scale=unit == "B", unit_divisor=1024 if unit == "B" else 1000)
+        try:
+            yield bar
+        finally:
+            bar.close()
+    else:
+        yield _NoBar()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+
+class SizeType(click.ParamType):
+    """A byte count typed as `65536`, `10G` or `256MiB`."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        from vfsd.config import ConfigError, parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value, param.name if param else "size")
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeType()
+
+
+class VfsdCommand(click.Command):
+    """A verb whose one-line summary is shown whole in the group's help."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return super().get_short_help_str(limit=10_000)
+
+
+class VfsdGroup(click.Group):
+    """The `vfsd` group: its verbs are VfsdCommands (and nested groups VfsdGroups)."""
+
+    command_class = VfsdCommand
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return super().get_short_help_str(limit=10_000)
+
+
+VfsdGroup.group_class = VfsdGroup
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(cls=VfsdGroup, context_settings=CONTEXT)
+@click.version_option(package_name="vfsd", help="Print the version and exit.")
 def cli() -> None:
-    """vfsd: a FUSE filesystem for LLM agent artifacts."""
+    """vfsd: a FUSE filesystem for LLM agent artifacts.
+
+    Exit codes: 0 done, 1 failed, 2 bad input; `vfsd umount` 3 (work left
+    unpublished), `vfsd status` 4 (dead daemon) and 5 (`--check`: not healthy).
+    """
 
 
 def unreachable(run: RunDir, exc: DaemonUnreachable) -> str:
@@ -40,7 +165,8 @@ def unreachable(run: RunDir, exc: DaemonUnreachable) -> str:
         time.sleep(0.02)
     if pid is not None and not pid_alive(pid):
         return (f"{exc}: the daemon (pid {pid}) has exited; see {run.log}. "
-                f"`vfsd mount {run.path}` removes the dead mount and mounts again")
+                f"`vfsd umount {run.path}` removes the dead mount; `vfsd mount {run.path}` "
+                "also does, and mounts again")
     if pid is None:
         return f"{exc}; is {run.path} mounted?"
     return f"{exc}; see {run.log}"
@@ -65,3 +191,8 @@ def call(run_path: Path, op: str, /, client_timeout: float = 60.0, **args) -> di
         fail(unreachable(run, exc))
     except ControlError as exc:
         fail(control_failure(run, exc))
+
+
+def running(run: RunDir) -> bool:
+    """True when RUN_DIR's daemon process is alive."""
+    return pid_alive(run.read_pid())

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from .common import call, cli, human
+from .common import call, cli, human, json_option
 
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("step", type=click.IntRange(min=0))
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 def step(run_dir: Path, step: int, as_json: bool) -> None:
     """Advance the agent step to STEP and apply eviction."""
     report = call(run_dir, "set_step", step=step)
@@ -41,7 +41,7 @@ def _print_report(report: dict, as_json: bool) -> None:
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Report what would go, remove nothing.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 def evict(run_dir: Path, dry_run: bool, as_json: bool) -> None:
     """Apply the eviction policy now."""
     _print_report(call(run_dir, "evict", dry_run=dry_run), as_json)
@@ -49,8 +49,9 @@ def evict(run_dir: Path, dry_run: bool, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--limit", default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1),
+              help="Show at most this many records.")
+@json_option
 def evicted(run_dir: Path, limit: int, as_json: bool) -> None:
     """The eviction log, oldest first."""
     records = call(run_dir, "evicted", limit=limit)["records"]

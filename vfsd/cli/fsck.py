@@ -11,7 +11,7 @@ import click
 
 from vfsd.rundir import RunDir
 
-from .common import cli, fail
+from .common import cli, fail, json_option
 from .gc import remote_store
 
 
@@ -24,7 +24,7 @@ from .gc import remote_store
                    "download and hash them).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML file with the remote_* options, for --remote.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 def fsck(target: Path, repair: bool, verify: bool, check_remote: bool,
          config_path: Path | None, as_json: bool) -> None:
     """Check a store (RUN_DIR or a --store directory) with no daemon on it.
@@ -97,14 +97,15 @@ def _fsck(store_dir: Path, volume: str | None, repair: bool, verify: bool,
             os.close(fd)
         if remote is not None:
             remote.close()
-    _print_fsck(report, after, as_json)
+    _print_fsck(report, after, as_json, verified=verify)
     sys.exit(0 if after.clean else 1)
 
 
-def _print_fsck(report, after, as_json: bool) -> None:
+def _print_fsck(report, after, as_json: bool, verified: bool = True) -> None:
     """An fsck report (and whether a repair left the store clean), as text or JSON."""
     doc = report.as_dict()
     doc["clean_after_repair"] = after.clean
+    doc["content_verified"] = verified
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -122,3 +123,6 @@ def _print_fsck(report, after, as_json: bool) -> None:
               "chunk files" + (f", {remote_only} remote-only chunks" if remote_only else "")
               + ")" if "inodes" in report.stats else "")
     click.echo(f"fsck: {state}{counts}")
+    if not verified:
+        click.echo("fsck: content not verified (chunks were not read back and hashed); "
+                   "`vfsd fsck --verify` does")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,11 +11,11 @@ import click
 from vfsd.config import ConfigError, load_config
 from vfsd.rundir import RunDir, pid_alive
 
-from .common import call, cli, fail
+from .common import call, cli, emit, fail, human, json_option, rows
 
 
 @cli.command()
-@click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("target", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--remote", "remote_url", metavar="s3://BUCKET/PREFIX",
               help="Sweep this bucket prefix (chunks no manifest of any run names).")
 @click.option("--bucket", is_flag=True,
@@ -28,44 +27,83 @@ from .common import call, cli, fail
               help="TOML file with the remote_* options (endpoint, credentials...).")
 @click.option("--compact", "do_compact", is_flag=True,
               help="Also shrink the LMDB file to what it holds (no daemon may use the store).")
-def gc(run_dir: Path | None, remote_url: str | None, bucket: bool, grace: float | None,
-       dry_run: bool, config_path: Path | None, do_compact: bool) -> None:
-    """Remove unreferenced chunks: from RUN_DIR's store, or from a bucket.
+@json_option
+def gc(target: Path | None, remote_url: str | None, bucket: bool, grace: float | None,
+       dry_run: bool, config_path: Path | None, do_compact: bool, as_json: bool) -> None:
+    """Remove unreferenced chunks from a store (TARGET: a run dir or a store directory) or a bucket.
 
-    `vfsd gc RUN_DIR` cleans the local store; `vfsd gc --remote s3://B/P`
-    (or `vfsd gc RUN_DIR --bucket`) marks the chunks every run's manifests
-    name and deletes the others older than the grace period.
+    `vfsd gc RUN_DIR` (or `vfsd gc STORE`, a --store directory shared by
+    several run dirs) cleans the local store; `vfsd gc --remote s3://B/P` (or
+    `vfsd gc RUN_DIR --bucket`) marks the chunks every run's manifests name
+    and deletes the others older than the grace period.
     """
     if remote_url is not None:
-        _gc_bucket(remote_url, grace, dry_run, config_path)
+        _gc_bucket(remote_url, grace, dry_run, config_path, as_json)
         return
-    if run_dir is None:
-        fail("give RUN_DIR (local store) or --remote s3://BUCKET/PREFIX", 2)
-    run = RunDir(run_dir)
+    if target is None:
+        fail("give RUN_DIR or STORE (a local store) or --remote s3://BUCKET/PREFIX", 2)
+    from vfsd.store import compact
+
+    if compact.exists(target) and not RunDir(target).state.exists():
+        if bucket:
+            fail(f"{target} is a store directory; --bucket needs a mounted RUN_DIR", 2)
+        # A shared store: the daemons of its run dirs each hold one volume, and
+        # chunk files are shared store-wide, so the sweep runs here, under the
+        # same locks as with a run dir (a compaction needs every volume free).
+        emit(_gc_offline(Path(target), None, do_compact), as_json, _gc_text)
+        return
+    run = RunDir(target)
     if bucket:
         args = {"remote": True, "dry_run": dry_run}
         if grace is not None:
             args["grace"] = grace
-        click.echo(json.dumps(call(run_dir, "gc", client_timeout=3600, **args)))
+        emit(call(target, "gc", client_timeout=3600, **args), as_json, _sweep_text)
         return
     if pid_alive(run.read_pid()):
         if do_compact:
             fail(f"{run.path} is mounted: unmount it to compact its store")
-        result = call(run_dir, "gc")
+        result = call(target, "gc")
     else:
-        result = _gc_offline(run, do_compact)
-    click.echo(json.dumps(result))
+        store_dir, volume = run.store_location()
+        result = _gc_offline(store_dir, volume, do_compact)
+    emit(result, as_json, _gc_text)
 
 
-def _gc_offline(run: RunDir, do_compact: bool) -> dict:
-    """gc (and compaction) of an unmounted run dir's store, in this process."""
+def _gc_text(doc: dict) -> str:
+    pairs = [("chunk files removed", doc.get("chunks_removed", 0)),
+             ("tombstones removed", doc.get("tombstones_removed", 0)),
+             ("temporaries removed", doc.get("temps_removed", 0))]
+    if "before_bytes" in doc:
+        pairs.append(("LMDB file", f"{human(doc['before_bytes'])} -> "
+                                   f"{human(doc['after_bytes'])}"))
+    return rows(pairs)
+
+
+def _sweep_text(doc: dict) -> str:
+    verb = "would delete" if doc.get("dry_run") else "deleted"
+    count = len(doc.get("would_delete", [])) if doc.get("dry_run") else doc.get("deleted", 0)
+    pairs = [("bucket", doc.get("url")),
+             ("runs", doc.get("runs", 0)),
+             ("manifests read", doc.get("manifests", 0)),
+             ("chunks", f"{doc.get('chunks', 0)} ({human(doc.get('chunk_bytes', 0))})"),
+             ("chunks named", doc.get("marked", 0)),
+             ("kept, younger than grace", f"{doc.get('young', 0)} "
+                                          f"(grace {doc.get('grace', 0):g} s)"),
+             (verb, f"{count} chunk(s)" + ("" if doc.get("dry_run")
+                                           else f", {human(doc.get('deleted_bytes', 0))}")),
+             ("took", f"{doc.get('duration_s', 0):.1f} s")]
+    return rows(pairs)
+
+
+def _gc_offline(store_dir: Path, volume: str | None, do_compact: bool) -> dict:
+    """gc (and compaction) of a store no daemon of this run dir uses, in this process.
+    `volume` None: a store directory named on the command line (no volume opened)."""
     from vfsd.errors import StoreLocked, StoreVersionError
     from vfsd.fsck import lock_all
     from vfsd.store import compact
     from vfsd.store.lmdbcheck import check_readable
     from vfsd.store.store import Store
 
-    store_dir, volume = run.store_location()
     if not compact.exists(store_dir):
         fail(f"no vfsd store at {store_dir}")
     locks: list[int] = []
@@ -127,7 +165,7 @@ def remote_store(url_text: str, config_path: Path | None):
 
 
 def _gc_bucket(url_text: str, grace: float | None, dry_run: bool,
-               config_path: Path | None) -> None:
+               config_path: Path | None, as_json: bool) -> None:
     from vfsd.remote.bucketgc import GcError, sweep
     from vfsd.remote.objstore import RemoteError
 
@@ -139,4 +177,4 @@ def _gc_bucket(url_text: str, grace: float | None, dry_run: bool,
         fail(str(exc))
     finally:
         store.close()
-    click.echo(json.dumps(report.as_dict()))
+    emit(report.as_dict(), as_json, _sweep_text)

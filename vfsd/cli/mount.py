@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -15,10 +16,15 @@ from vfsd.config import Config, ConfigError, load_config
 from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
 from vfsd.rundir import RunDir, mount_state, pid_alive, remove_stale_mount, utf8_problem
 
-from .common import cli, fail
+from .common import EXIT_UNPUBLISHED, cli, emit, fail, human, json_option, warn
 from .options import OPTION_KEYS, config_options
 
-MOUNT_TIMEOUT_S = 30.0
+#: seconds `vfsd mount` waits for the daemon, beyond the waits it announces
+MOUNT_TIMEOUT_S = 60.0
+#: seconds between the daemon's READY and the mount answering a stat
+ANSWER_TIMEOUT_S = 10.0
+#: a wait the daemon announces is said on stderr once it has lasted this long
+SAY_WAIT_AFTER_S = 1.0
 
 
 @cli.command()
@@ -27,17 +33,27 @@ MOUNT_TIMEOUT_S = 30.0
               help="Store directory (shared stores dedup across run dirs) [RUN_DIR/.vfsd].")
 @click.option("--foreground", "-f", is_flag=True, help="Run the daemon in this process.")
 @click.option("--log-stderr", is_flag=True, help="Log to stderr instead of RUN_DIR/.vfsd/vfsd.log.")
-@click.option("--from", "--resume-from", "resume_from", metavar="RUN_ID@SNAPSHOT",
+@click.option("--from", "--resume-from", "resume_from", metavar="RUN_ID[@SNAPSHOT]",
               help="Start from a snapshot published in the --remote bucket (an empty run "
-                   "dir; files are fetched on first read).")
+                   "dir; files are fetched on first read); RUN_ID alone: its latest.")
+@click.option("--timeout", "mount_timeout", type=click.FloatRange(min=1), default=MOUNT_TIMEOUT_S,
+              show_default=True,
+              help="Seconds to wait for the mount, beyond the waits the daemon announces "
+                   "(the object store, another worker's lease); then the daemon is stopped "
+                   "and nothing is left mounted.")
+@json_option
 @config_options
 def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
-          resume_from: str | None, config_path: Path | None, **opts) -> None:
+          resume_from: str | None, mount_timeout: float, as_json: bool,
+          config_path: Path | None, **opts) -> None:
     """Mount RUN_DIR/fs, with the store in RUN_DIR/.vfsd unless --store says otherwise.
 
-    Returns once the mount answers. With --remote, the run's chunks and
-    snapshots go to an S3 bucket; with --from RUN_ID@SNAPSHOT, an empty run
-    dir resumes a run published there by another worker.
+    Returns once the mount answers, exit 0, also when the mount is read-only
+    (another worker holds the run's lease) or its remote tier is degraded
+    (the object store is unreachable: writes stay local): stderr says which,
+    at once. Any failure (exit 1, or 2 for bad options) leaves nothing
+    mounted. A remote whose errors cannot heal (no such bucket, access
+    denied, no credentials, never reached) fails the mount.
     """
     try:
         config = load_config(config_path, {k: opts.get(k) for k in OPTION_KEYS})
@@ -73,26 +89,34 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
 
         sys.exit(run_daemon(run, config, store_dir, volume, log_to_stderr=log_stderr,
                             resume_from=resume_from))
-    spawn_daemon(run, config, store_dir, volume, resume_from)
-    click.echo(f"vfsd: mounted {run.mountpoint} (store {store_dir})")
-    _say_if_read_only(run)
+    info = spawn_daemon(run, config, store_dir, volume, resume_from, mount_timeout)
+    doc = {"mountpoint": str(run.mountpoint), "store": str(store_dir), "volume": volume,
+           **info}
+    emit(doc, as_json, lambda d: f"vfsd: mounted {d['mountpoint']} (store {d['store']})")
+    say_degraded(info)
 
 
-def _say_if_read_only(run: RunDir) -> None:
-    """A remote run dir mounted read-only (another worker holds the run): say so."""
-    try:
-        with ControlClient(run.sock, timeout=10) as c:
-            remote = c.call("stats").get("remote")
-    except (DaemonUnreachable, ControlError, OSError, ValueError):
-        return
-    if remote and remote.get("read_only"):
-        click.echo(f"vfsd: read-only: {remote.get('reason')}", err=True)
-    elif remote and remote.get("state") != "held":
-        click.echo(f"vfsd: {remote.get('reason')}", err=True)
+def say_degraded(info: dict) -> None:
+    """A mount that is up but read-only, or whose remote tier is degraded: say why."""
+    if info.get("read_only"):
+        warn(f"mounted read-only (writes fail with EROFS): {info.get('reason')}. Unmount "
+             "the worker that holds the run first, or resume it in another run dir with "
+             "--from once it has published")
+    elif info.get("state") not in (None, "held"):
+        warn(f"remote tier degraded ({info.get('state')}): {info.get('reason')}; "
+             "`vfsd status` shows when it recovers")
 
 
 def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
-                  resume_from: str | None = None) -> None:
+                 resume_from: str | None = None, timeout: float = MOUNT_TIMEOUT_S) -> dict:
+    """Start the daemon and return once its mount answers; its ready info.
+
+    The daemon writes lines on a pipe: `WAIT SECONDS TEXT` (it is about to wait
+    up to SECONDS, for TEXT: said on stderr if it lasts), then one of `READY
+    JSON` (mounted; JSON says read-only or not, and why) or `ERROR MESSAGE`.
+    The answer is bounded: `timeout` plus the waits announced. Past it the
+    daemon is stopped and its mount removed: a failure leaves nothing mounted.
+    """
     rfd, wfd = os.pipe()
     args = [sys.executable, "-m", "vfsd.serve", "--run-dir", str(run.path),
             "--store", str(store_dir), "--volume", volume,
@@ -104,51 +128,203 @@ def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
         proc = subprocess.Popen(args, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
                                 stdout=logf, stderr=logf, start_new_session=True)
     os.close(wfd)
-    deadline = time.monotonic() + MOUNT_TIMEOUT_S
-    msg = b""
-    with os.fdopen(rfd, "rb") as r:
-        msg = r.readline().strip()
-    if msg.startswith(b"ERROR"):
-        proc.wait(timeout=10)
-        fail(msg[6:].decode(errors="replace"))
-    if msg != b"READY":
-        code = proc.poll()
-        fail(f"the daemon exited (code {code}) before the mount was ready; see {run.log}")
+    started = time.monotonic()
+    deadline = started + timeout
+    waiting: tuple[float, str] | None = None  # (since, text) of a wait not said yet
+    last_wait = ""
+    buf = b""
+    info: dict | None = None
+    try:
+        while info is None:
+            now = time.monotonic()
+            if now >= deadline:
+                _give_up(proc, run, f"the daemon did not finish starting within "
+                                    f"{now - started:.0f} s"
+                                    + (f" (it was {last_wait})" if last_wait else ""))
+            if waiting is not None and now - waiting[0] >= SAY_WAIT_AFTER_S:
+                warn(waiting[1])
+                waiting = None
+            wake = min(deadline, waiting[0] + SAY_WAIT_AFTER_S if waiting else deadline)
+            readable, _, _ = select.select([rfd], [], [], max(0.01, min(wake - now, 1.0)))
+            if not readable:
+                continue
+            chunk = os.read(rfd, 65536)
+            if not chunk:
+                code = _reap(proc)
+                _give_up(proc, run, f"the daemon exited (code {code}) before the mount was "
+                                    "ready")
+            buf += chunk
+            while b"\n" in buf and info is None:
+                line, buf = buf.split(b"\n", 1)
+                kind, _, rest = line.decode(errors="replace").partition(" ")
+                if kind == "WAIT":
+                    secs, _, text = rest.partition(" ")
+                    try:
+                        extra = min(float(secs), 86400.0)
+                    except ValueError:
+                        extra = 0.0
+                    deadline = max(deadline, time.monotonic() + extra + timeout)
+                    waiting, last_wait = (time.monotonic(), text), text
+                elif kind == "ERROR":
+                    _reap(proc)
+                    fail(rest)
+                elif kind == "READY":
+                    try:
+                        info = json.loads(rest) if rest else {}
+                    except ValueError:
+                        info = {}
+    finally:
+        os.close(rfd)
     # The FUSE loop is running; wait until the mount answers a stat.
-    while time.monotonic() < deadline:
-        if mount_state(run.mountpoint) == "live":
-            return
+    answer_by = time.monotonic() + ANSWER_TIMEOUT_S
+    while mount_state(run.mountpoint) != "live":
         if proc.poll() is not None:
-            fail(f"the daemon exited (code {proc.returncode}); see {run.log}")
+            _give_up(proc, run, f"the daemon exited (code {proc.returncode}) once mounted")
+        if time.monotonic() >= answer_by:
+            _give_up(proc, run, f"the mount did not answer within {ANSWER_TIMEOUT_S:.0f} s "
+                                "of being made")
         time.sleep(0.02)
-    fail(f"the mount did not answer within {MOUNT_TIMEOUT_S:.0f} s; see {run.log}")
+    return info
+
+
+def _reap(proc: subprocess.Popen) -> int | None:
+    try:
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _give_up(proc: subprocess.Popen, run: RunDir, why: str) -> None:
+    """Stop a daemon that did not get ready, leave nothing mounted, and say so."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    left = "nothing is mounted"
+    if mount_state(run.mountpoint) != "none" and not remove_stale_mount(run.mountpoint):
+        left = f"its mount on {run.mountpoint} could not be removed (fusermount3 -u -z)"
+    fail(f"{why}; the daemon was stopped and {left}; see {run.log}")
 
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the daemon.")
-def umount(run_dir: Path, timeout: float) -> None:
-    """Unmount RUN_DIR/fs and wait for the daemon to commit and exit."""
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the run's snapshots to be published (a remote run) "
+                   "and for the daemon to commit and exit.")
+@click.option("--force", is_flag=True,
+              help="Do not wait for publication: unmount now (what is unpublished stays in "
+                   "the local store, and exit code 3 says so).")
+@json_option
+def umount(run_dir: Path, timeout: float, force: bool, as_json: bool) -> None:
+    """Unmount RUN_DIR/fs once its snapshots are published (remote runs), then wait for the daemon to exit.
+
+    Like umount.s3ql: a remote run's last snapshot is published first (bounded
+    by --timeout; --force skips the wait). Work left unpublished (snapshots,
+    chunks) is said on stderr and in the log, and the exit code is 3; it stays
+    in the local store and the next `vfsd mount` publishes it.
+    """
     run = RunDir(run_dir)
     pid = run.read_pid()
     state = mount_state(run.mountpoint)
     if state == "none" and not pid_alive(pid):
+        if pid is not None:  # a daemon killed after its mount was removed
+            _forget_dead_daemon(run)
         fail(f"{run.mountpoint} is not mounted")
     if state == "stale":
         if not remove_stale_mount(run.mountpoint):
             fail(f"cannot remove the stale mount on {run.mountpoint} (its daemon is gone): "
                   f"fusermount3 -u -z failed; try it by hand")
-        click.echo(f"vfsd: removed the stale mount on {run.mountpoint}")
+        _forget_dead_daemon(run)
+        emit({"unmounted": str(run.mountpoint), "stale": True, "unpublished": []}, as_json,
+             lambda d: f"vfsd: removed the stale mount on {d['unmounted']}")
         return
+    deadline = time.monotonic() + timeout
+    left = None
     if state == "live":
+        left = _publish_first(run, deadline, force)
         proc = subprocess.run(["fusermount3", "-u", "--", str(run.mountpoint)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             fail(f"cannot unmount {run.mountpoint}: {proc.stderr.strip()} "
                   "(files still open? see `fuser -vm` on it)")
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
+    exit_by = max(deadline, time.monotonic() + 10.0)  # committing takes a moment
+    while pid_alive(pid) and time.monotonic() < exit_by:
         time.sleep(0.02)
     if pid_alive(pid):
         fail(f"the daemon (pid {pid}) did not exit within {timeout:.0f} s")
-    click.echo(f"vfsd: unmounted {run.mountpoint}")
+    doc = {"unmounted": str(run.mountpoint), "unpublished": (left or {}).get("snapshots", []),
+           "backlog": (left or {}).get("backlog")}
+    emit(doc, as_json, lambda d: f"vfsd: unmounted {d['unmounted']}")
+    if left and left["snapshots"]:
+        ids = left["snapshots"]
+        backlog = left.get("backlog") or {}
+        warn(f"left unpublished in {left['remote']}: {len(ids)} snapshot(s) "
+             f"({', '.join(ids[-5:])}), {backlog.get('upload_chunks', 0)} chunk(s) "
+             f"({human(backlog.get('upload_bytes', 0))}) still to upload"
+             + (f"; {left['why']}" if left.get("why") else "")
+             + f". They are kept in {run.path}'s local store; the next `vfsd mount "
+               f"{run.path}` publishes them")
+        sys.exit(EXIT_UNPUBLISHED)
+
+
+def _forget_dead_daemon(run: RunDir) -> None:
+    """A daemon that died without cleaning up leaves its pid file and socket."""
+    for path in (run.pidfile, run.sock):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _publish_first(run: RunDir, deadline: float, force: bool) -> dict | None:
+    """Wait (until `deadline`, unless `force`) for a remote run's latest snapshot to be
+    published. None for a run without a remote; else what is left unpublished."""
+    def ask(op: str) -> dict | None:
+        try:
+            with ControlClient(run.sock, timeout=30.0) as c:
+                return c.call(op)
+        except ControlError as exc:
+            if exc.code == "no_remote":
+                return None
+            raise
+    try:
+        status = ask("publish_status")
+        if status is None:
+            return None
+        why = None
+        pending = [s["id"] for s in status["snapshots"] if not s["published"]]
+        if pending and status["state"] != "lost" and not force:
+            wait = deadline - time.monotonic()
+            if wait > 0:
+                warn(f"waiting up to {wait:.0f} s for {pending[-1]} to be published to "
+                     f"{status['remote']} (--force skips this)")
+                try:
+                    with ControlClient(run.sock, timeout=wait + 30) as c:
+                        c.call("sync", snapshot=pending[-1], timeout=max(0.1, wait))
+                except ControlError as exc:
+                    why = exc.message
+            status = ask("publish_status") or status
+        elif pending and status["state"] == "lost":
+            # Another worker holds the run: nothing here will ever be published,
+            # and waiting cannot change that. Said, not counted as left.
+            warn(f"{len(pending)} snapshot(s) of this read-only mount ({', '.join(pending[-5:])}) "
+                 f"will never be published from here: {status['reason']}")
+            return {"remote": status["remote"], "snapshots": [], "backlog": status["backlog"],
+                    "why": None}
+        elif pending and force:
+            why = "--force: not waited for"
+        latest_published = {s["id"] for s in status["snapshots"] if s["published"]}
+        # A snapshot older than a published one is covered by it: only those
+        # after the last published one are work another worker cannot resume.
+        seqs = [int(s["id"][1:]) for s in status["snapshots"] if s["id"] in latest_published]
+        top = max(seqs) if seqs else 0
+        left = [s["id"] for s in status["snapshots"]
+                if not s["published"] and int(s["id"][1:]) > top]
+        return {"remote": status["remote"], "snapshots": left, "backlog": status["backlog"],
+                "why": why}
+    except (DaemonUnreachable, ControlError, OSError, ValueError) as exc:
+        warn(f"cannot ask the daemon what is unpublished ({exc}); unmounting")
+        return None

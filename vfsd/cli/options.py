@@ -6,20 +6,25 @@ from pathlib import Path
 
 import click
 
+from .common import SIZE
+
 
 def config_options(fn):
     opts = [
         click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
                      help="TOML file with daemon options (command-line flags win)."),
-        click.option("--inline-max", type=int, help="Bytes up to which content is kept inline in LMDB [65536]."),
-        click.option("--chunk-size", type=int, help="Chunk size in bytes for larger files [1048576]."),
+        click.option("--inline-max", type=SIZE,
+                     help="Size up to which content is kept inline in LMDB [64KiB]."),
+        click.option("--chunk-size", type=SIZE, help="Chunk size of larger files [1MiB]."),
         click.option("--done-retention-steps", type=int, help="Steps a done file is kept [3]."),
         click.option("--max-age-steps", type=int, help="Steps any unpinned file is kept [20]."),
-        click.option("--quota-bytes", type=int, help="Byte quota; oldest unpinned files go first."),
+        click.option("--quota-bytes", type=SIZE,
+                     help="Byte quota (e.g. 10G, 256MiB); oldest unpinned files go first."),
         click.option("--max-files", type=int, help="File-count limit; oldest unpinned files go first."),
         click.option("--durability", type=click.Choice(["fsync", "sync"]),
                      help="fsync: durable on fsync() [default]; sync: also on close."),
-        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"])),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+                     help="Least severe event logged [info]."),
         click.option("--allow-other/--no-allow-other", default=None,
                      help="Let other users reach the mount (needs user_allow_other)."),
         click.option("--entry-timeout", type=float, help="Kernel entry/attribute cache seconds [3600]."),
@@ -57,8 +62,8 @@ def config_options(fn):
                      help="Seconds a read waits for a chunk from the object store [30]."),
         click.option("--remote-readahead-chunks", type=int,
                      help="Chunks fetched ahead of a sequential read [4]."),
-        click.option("--remote-cache-bytes", type=int,
-                     help="Bound of the local chunk cache of a remote run."),
+        click.option("--remote-cache-bytes", type=SIZE,
+                     help="Bound of the local chunk cache of a remote run (e.g. 20G)."),
         click.option("--remote-lease-ttl", type=float,
                      help="Seconds a run's writer lease lives without renewal [30]."),
         click.option("--remote-lease-wait", type=float,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -10,14 +9,18 @@ import click
 
 from vfsd.rundir import RunDir
 
-from .common import call, cli, fail
+from .common import call, cli, emit, fail, json_option
 
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("path")
-def ref(run_dir: Path, path: str) -> None:
-    """Print the reference (JSON) of PATH, relative to the mount root or absolute inside it."""
+@json_option
+def ref(run_dir: Path, path: str, as_json: bool) -> None:
+    """Print the reference graph state keeps for PATH (a JSON document, compact; indented with --json).
+
+    PATH is relative to the mount root, or absolute inside the mount.
+    """
     run = RunDir(run_dir)
     p = Path(path)
     if p.is_absolute():
@@ -25,4 +28,4 @@ def ref(run_dir: Path, path: str) -> None:
             path = str(Path(os.path.abspath(p)).relative_to(run.mountpoint))
         except ValueError:
             fail(f"{path} is not inside {run.mountpoint}", 2)
-    click.echo(json.dumps(call(run_dir, "ref", path=path)))
+    emit(call(run_dir, "ref", path=path), as_json)

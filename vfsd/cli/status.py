@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
-from vfsd.rundir import RunDir
+from vfsd.rundir import RunDir, mount_state, pid_alive
 
-from .common import cli, control_failure, fail, human
+from .common import (
+    EXIT_DEAD,
+    EXIT_DEGRADED,
+    EXIT_FAILED,
+    cli,
+    control_failure,
+    emit,
+    fail,
+    human,
+    json_option,
+    rows,
+    warn,
+)
+
+#: counters that count bytes (shown in binary units; the others are plain counts)
+BYTE_COUNTERS = ("bytes_read", "bytes_written")
 
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(run_dir: Path, as_json: bool) -> None:
-    """Files, bytes per tier, chunks, dedup ratio and live counters."""
+@click.option("--check", is_flag=True,
+              help="For monitoring: exit 0 only if the daemon runs and is healthy (writable, "
+                   "its remote tier publishing), else 1 (not running), 4 (dead) or 5 "
+                   "(degraded), with the reason on stderr.")
+@json_option
+def status(run_dir: Path, check: bool, as_json: bool) -> None:
+    """Files, bytes per tier, chunks, dedup ratio, snapshots, remote tier and live counters.
+
+    Works on an unmounted run dir too (from the store). A dead daemon (killed,
+    its mount left stale) is said so, with how to clean up, and exits 4.
+    """
     run = RunDir(run_dir)
     try:
         with ControlClient(run.sock, timeout=30) as c:
@@ -25,44 +47,137 @@ def status(run_dir: Path, as_json: bool) -> None:
     except ControlError as exc:
         fail(control_failure(run, exc))
     except DaemonUnreachable:
-        from vfsd.status import store_status
-        from vfsd.store.store import Store
+        doc = _offline(run)
+    doc["daemon"] = _daemon_state(run, doc)
+    emit(doc, as_json, _text)
+    problem, code = _health(doc)
+    if doc["daemon"]["state"] == "dead":
+        warn(doc["daemon"]["advice"])
+        raise SystemExit(EXIT_DEAD)
+    if check and problem:
+        warn(problem)
+        raise SystemExit(code)
 
-        try:
-            store_dir, volume = run.store_location()
-            st = Store(store_dir, volume, readonly=True, create=False)
-        except Exception as exc:
-            fail(f"no vfsd store for {run.path}: {exc}")
-        doc = {**store_status(st), "running": False}
+
+def _offline(run: RunDir) -> dict:
+    """The status the store alone can give (no daemon answers)."""
+    from vfsd.errors import StoreError
+    from vfsd.status import store_status
+    from vfsd.store import compact
+    from vfsd.store.store import Store
+
+    try:
+        store_dir, volume = run.store_location()
+    except (ValueError, OSError) as exc:
+        fail(f"cannot read {run.store_file}: {exc}")
+    if not compact.exists(store_dir):
+        fail(f"no vfsd store for {run.path} (is it a run dir? `vfsd mount {run.path}` "
+             "makes one)")
+    try:
+        st = Store(store_dir, volume, readonly=True, create=False)
+    except StoreError as exc:
+        fail(f"cannot read the store of {run.path}: {exc}")
+    try:
+        return {**store_status(st), "running": False}
+    finally:
         st.close()
-    if as_json:
-        click.echo(json.dumps(doc, indent=2))
-        return
-    rows = [
-        ("running", "yes" if doc.get("running") else "no"),
+
+
+def _daemon_state(run: RunDir, doc: dict) -> dict:
+    """running, unmounted, or dead (a daemon that went away without unmounting)."""
+    if doc.get("running"):
+        return {"state": "running", "pid": doc.get("pid")}
+    pid = run.read_pid()
+    try:
+        mount = mount_state(run.mountpoint)
+    except OSError:
+        mount = "stale"
+    if mount == "stale" or (pid is not None and not pid_alive(pid)):
+        return {"state": "dead", "pid": pid, "mount": mount,
+                "advice": (f"the daemon of {run.path}"
+                           + (f" (pid {pid})" if pid else "")
+                           + " is dead" + (f" and {run.mountpoint} is a stale mount "
+                                           "(\"Transport endpoint is not connected\")"
+                                           if mount == "stale" else "")
+                           + f"; see {run.log}. `vfsd umount {run.path}` cleans up; "
+                             f"`vfsd mount {run.path}` cleans up and mounts again")}
+    if pid is not None and pid_alive(pid):
+        return {"state": "unresponsive", "pid": pid,
+                "advice": f"the daemon (pid {pid}) runs but does not answer; see {run.log}"}
+    return {"state": "unmounted", "pid": None}
+
+
+def _health(doc: dict) -> tuple[str | None, int]:
+    """What keeps the run dir from being healthy, and the --check exit code."""
+    daemon = doc["daemon"]
+    if daemon["state"] == "dead":
+        return daemon["advice"], EXIT_DEAD
+    if daemon["state"] != "running":
+        return daemon.get("advice") or "not mounted", EXIT_FAILED
+    remote = doc.get("remote")
+    if remote:
+        if remote.get("read_only"):
+            return f"read-only: {remote.get('reason')}", EXIT_DEGRADED
+        if remote.get("state") != "held":
+            return f"remote tier {remote.get('state')}: {remote.get('reason')}", EXIT_DEGRADED
+    return None, 0
+
+
+def _count(n) -> str:
+    return f"{n:,}" if isinstance(n, int) else str(n)
+
+
+def _daemon_line(daemon: dict, doc: dict) -> str:
+    state = daemon["state"]
+    if state == "running":
+        return f"running (pid {daemon['pid']}, up {doc.get('uptime_s', 0):.0f} s)"
+    if state == "dead":
+        return "DEAD (" + ("stale mount; " if daemon.get("mount") == "stale" else "") + \
+            "see below)"
+    return state.replace("unmounted", "not running (unmounted)")
+
+
+def _snapshots_line(snaps: dict | None) -> str:
+    if not snaps:
+        return "none"
+    if not snaps["count"]:
+        return "none yet"
+    base = snaps.get("base")
+    live = (f"; live files {'changed' if snaps['changed'] else 'unchanged'} since {base}"
+            if base else "")
+    pinned = f", {snaps['pinned']} pinned" if snaps.get("pinned") else ""
+    return f"{snaps['count']} (last {snaps['last']}{pinned}){live}"
+
+
+def _text(doc: dict) -> str:
+    pairs: list[tuple[str, object]] = [
+        ("daemon", _daemon_line(doc["daemon"], doc)),
         ("store", doc["store"]),
-        ("step", doc["step"]),
-        ("files", doc["files"]),
-        ("logical bytes", human(doc["logical_bytes"])),
+        ("step", _count(doc["step"])),
+        ("files", _count(doc["files"])),
+        ("logical size", human(doc["logical_bytes"])),
         ("  inline (LMDB)", human(doc["inline_bytes"])),
         ("  chunked", human(doc["chunked_bytes"])),
-        ("chunks", f"{doc['chunk_count']} ({human(doc['chunk_bytes'])})"),
-        ("stored bytes", human(doc["stored_bytes"])),
+        ("chunks", f"{_count(doc['chunk_count'])} ({human(doc['chunk_bytes'])})"),
+        ("stored size", human(doc["stored_bytes"])),
         ("dedup ratio", f"{doc['dedup_ratio']:.2f}x"),
         ("xattrs", human(doc["xattr_bytes"])),
+        ("snapshots", _snapshots_line(doc.get("snapshots"))),
     ]
     remote = doc.get("remote")
     if remote:
         backlog = remote.get("backlog", {})
         age = remote.get("oldest_unpublished_change_age_s")
-        rows += [
+        pairs += [
             ("remote", remote.get("url")),
             ("  run", remote.get("run")),
             ("  lease", remote.get("state") + (f" ({remote['reason']})"
                                                if remote.get("reason") else "")),
-            ("  upload backlog", f"{backlog.get('chunks', 0)} chunk(s), "
+            ("  upload backlog", f"{_count(backlog.get('chunks', 0))} chunk(s), "
                                  f"{human(backlog.get('bytes', 0))}"),
-            ("  uploaded, unpublished", f"{backlog.get('unpublished_chunks', 0)} chunk(s)"),
+            ("  uploaded, unpublished",
+             f"{_count(backlog.get('unpublished_chunks', 0))} chunk(s), "
+             f"{human(backlog.get('unpublished_bytes', 0))}"),
             ("  published", (remote.get("publisher") or {}).get("published") or "none"),
             ("  oldest unpublished change", "none" if age is None else f"{age:.1f} s ago"),
             ("  last error", remote.get("last_error") or "none"),
@@ -70,13 +185,12 @@ def status(run_dir: Path, as_json: bool) -> None:
         cache = remote.get("cache") or {}
         if cache:
             limit = cache.get("limit")
-            rows.append(("  local chunk cache", f"{human(cache.get('bytes', 0))}"
-                         + (f" of {human(limit)}" if limit else " (no bound)")))
+            pairs.append(("  local chunk cache", f"{human(cache.get('bytes', 0))}"
+                          + (f" of {human(limit)}" if limit else " (no bound)")))
     if "quota_used_bytes" in doc:
         limit = f" of {human(doc['quota_bytes'])}" if doc.get("quota_bytes") else ""
-        rows.append(("quota used", f"{human(doc['quota_used_bytes'])}{limit}"))
+        pairs.append(("quota used", f"{human(doc['quota_used_bytes'])}{limit}"))
     for key, value in doc.get("counters", {}).items():
-        rows.append((key.replace("_", " "), value))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        click.echo(f"{k:<{width}}  {v}")
+        shown = human(value) if key in BYTE_COUNTERS else _count(value)
+        pairs.append((key.replace("_", " "), shown))
+    return rows(pairs)

@@ -107,22 +107,29 @@ def intent_of_name(name: str) -> tuple[int, int] | None:
 
 
 class BadResumeSpec(ValueError):
-    """A `--from RUN_ID@SNAPSHOT` that cannot name a published snapshot."""
+    """A `--from RUN_ID[@SNAPSHOT]` that cannot name a published snapshot."""
 
 
-def parse_resume_spec(text: str) -> tuple[str, int]:
-    """(run id, seq) of "RUN_ID@sSEQ"; BadResumeSpec saying what is wrong."""
+def parse_resume_spec(text: str) -> tuple[str, int | None]:
+    """(run id, seq) of "RUN_ID@sSEQ", or (run id, None) for "RUN_ID" (its latest
+    published snapshot); BadResumeSpec saying what is wrong."""
     if not isinstance(text, str) or not text:
-        raise BadResumeSpec("--from needs RUN_ID@SNAPSHOT, e.g. 3f2a...9c@s12")
+        raise BadResumeSpec("--from needs RUN_ID[@SNAPSHOT], e.g. 3f2a...9c@s12 or 3f2a...9c "
+                            "(its latest published snapshot)")
     shown = text if len(text) <= 80 else text[:80] + "..."
     run, sep, snap = text.rpartition("@")
-    if not sep or not run:
-        raise BadResumeSpec(f"--from {shown!r}: expected RUN_ID@SNAPSHOT (e.g. 3f2a...9c@s12); "
-                            "the run id is what `vfsd status --json` reports as \"run\"")
+    if not sep:
+        run, snap = text, None
+    if not run:
+        raise BadResumeSpec(f"--from {shown!r}: expected RUN_ID[@SNAPSHOT] (e.g. 3f2a...9c@s12); "
+                            "the run id is what `vfsd status --json` reports as \"run\", and "
+                            "`vfsd remote ls` lists them")
     try:
         check_run_id(run)
     except ValueError as exc:
         raise BadResumeSpec(f"--from {shown!r}: {exc}") from None
+    if snap is None:
+        return run, None
     if not snap.startswith("s") or not _SEQ.fullmatch(snap[1:]) or int(snap[1:]) >= 1 << 63:
         raise BadResumeSpec(f"--from {shown!r}: {snap!r} is not a snapshot id (ids look like s12)")
     return run, int(snap[1:])

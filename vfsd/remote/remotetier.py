@@ -43,7 +43,7 @@ from .head import Head, HeadError, UnknownRun, UnknownSnapshot, fence, read_head
 from .layout import BadResumeSpec, parse_resume_spec
 from .lease import Lease, LeaseHeld, Owner
 from .manifest import ManifestError
-from .objstore import ObjectStore, RemoteError, RemoteSettings, RemoteURL
+from .objstore import ObjectStore, RemoteError, RemoteSettings, RemoteUnavailable, RemoteURL
 from .publisher import Publisher
 from .resume import (
     ResumeError,
@@ -56,6 +56,12 @@ from .resume import (
 from .uploader import ChunkGone, PendingChunk, Uploader
 
 log = structlog.get_logger("vfsd.remote")
+
+#: seconds a lease's lapse time may move by without it being a renewal (HTTP
+#: dates have one-second resolution, and our own clock reads add a little)
+RENEWAL_SEEN = 2.0
+#: seconds between two looks at a lease held by another worker, while a mount waits
+LEASE_POLL = 2.0
 
 
 class RemoteStartupError(Exception):
@@ -89,6 +95,54 @@ class RemoteTier:
         self.imported: dict | None = None
         self.lease_errors = 0
         self._state_event = trio.Event()
+        #: `wait(seconds, text)`: the mount is about to wait up to `seconds` for the
+        #: reason `text` (the daemon tells `vfsd mount`, which says it at once)
+        self.on_wait = lambda seconds, text: None
+
+    def _probe(self) -> RemoteError | None:
+        """One bounded request before anything else at mount (HEAD bucket, a single
+        attempt: at most connect + read timeout). None if the store answered; the
+        error if it is unreachable or silent (transient). Errors that cannot heal
+        (no such bucket, access denied, no credentials) raise RemoteStartupError."""
+        bound = self.objstore.attempt_bound()
+        self.on_wait(bound, f"reaching the object store for {self.url} (up to {bound:g} s)")
+        try:
+            self.objstore.check(deadline=time.monotonic())  # no retry after the first failure
+        except RemoteUnavailable as exc:
+            log.warning("remote_unreachable_at_mount", remote=str(self.url), error=str(exc))
+            return exc
+        except RemoteError as exc:
+            raise RemoteStartupError(f"{exc} (remote {self.url}; this will not heal by "
+                                     "waiting: fix the configuration)") from None
+        return None
+
+    def _acquire_waiting(self, lease: Lease, wait: float) -> None:
+        """`lease.acquire()`, waiting up to `wait` seconds for another worker's lease to
+        lapse (a crashed worker's does within its TTL), but not once its holder is seen
+        renewing it: that worker is alive, and waiting longer is in vain. LeaseHeld if
+        it is not taken. Blocks."""
+        deadline = time.monotonic() + wait
+        lapses_at: float | None = None
+        while True:
+            try:
+                lease.acquire()
+                return
+            except LeaseHeld as held:
+                now = time.monotonic()
+                at = now + max(0.0, held.expires_in)
+                if lapses_at is not None and at > lapses_at + RENEWAL_SEEN:
+                    raise LeaseHeld(f"{held}; its holder renewed it while this mount waited, "
+                                    "so it is alive", held.holder, held.expires_in) from None
+                left = deadline - now
+                if left <= 0:
+                    raise
+                if lapses_at is None:
+                    self.on_wait(min(left, max(0.0, held.expires_in) + LEASE_POLL),
+                                 f"{held}: waiting up to {min(left, held.expires_in + 1):.0f} s "
+                                 "for it to lapse (a crashed worker's lease does; a live "
+                                 "worker renews it, and then this mount is read-only)")
+                lapses_at = at
+                time.sleep(min(left, max(0.2, held.expires_in + 0.05), LEASE_POLL))
 
     # ============================================================ before mount
 
@@ -101,14 +155,19 @@ class RemoteTier:
         existing = volume_state(store_dir, volume)
         if existing == "used":
             origin = origin_of(store_dir, volume)
-            if origin and origin.get("run") == run and origin.get("seq") == seq:
-                log.info("resume_already_imported", run=run, snapshot=snapshot_id(seq))
+            if origin and origin.get("run") == run and seq in (None, origin.get("seq")):
+                log.info("resume_already_imported", run=run,
+                         snapshot=snapshot_id(origin.get("seq") or 0))
                 return  # a restart of a resumed run dir: mount it as it is now
             raise RemoteStartupError(
                 f"{store_dir} already holds files for this run dir; --from needs a new run "
                 "dir (or one that was resumed from this very snapshot)")
+        unreachable = self._probe()
+        if unreachable is not None:
+            raise RemoteStartupError(f"cannot resume run {run}: {unreachable}")
         try:
-            self.objstore.check()
+            if seq is None:
+                seq = self._latest_published(run)
             snap = load_snapshot(self.objstore, run, seq)
             # Everything that can be checked before the lease is taken: a
             # resume bound to fail must not take it from (or fence out) a
@@ -123,7 +182,7 @@ class RemoteTier:
         generation = 0
         latest = snap.head.latest
         try:
-            lease.acquire(wait=self.config.lease_wait)
+            self._acquire_waiting(lease, self.config.lease_wait)
             self.head, _ = fence(self.objstore, run, lease.generation)
             generation = lease.generation
             latest = self.head.latest
@@ -152,6 +211,17 @@ class RemoteTier:
         log.info("resumed", run=run, snapshot=snapshot_id(seq), objects=len(snap.state),
                  manifests=len(snap.chain), generation=generation, step=record["step"])
 
+    def _latest_published(self, run: str) -> int:
+        """`--from RUN`: the run's latest published snapshot (UnknownRun, UnknownSnapshot)."""
+        head = read_head(self.objstore, run)
+        if head is None:
+            raise UnknownRun(f"run {run} is unknown in {self.url} (no runs/{run}/head); "
+                             "`vfsd remote ls` lists the runs there")
+        if not head.latest:
+            raise UnknownSnapshot(f"run {run} has published no snapshot in {self.url} yet")
+        log.info("resume_latest", run=run, snapshot=snapshot_id(head.latest))
+        return head.latest
+
     def attach(self, store, snaps) -> None:
         """Bind to the opened store; take the lease unless `resume` did (blocking)."""
         self.store, self.snaps = store, snaps
@@ -159,15 +229,25 @@ class RemoteTier:
         if snaps.state()["changed"] and store.dirty_since is None:
             store.dirty_since = time.time()  # changed before this process: since when is lost
         current = remotestate.remote_url(store)
+        if current is not None and current != str(self.url):
+            raise RemoteStartupError(
+                f"the store at {store.dir} keeps its chunks in {current}; mount it with "
+                f"--remote {current} (a store has one remote)")
+        unreachable = None
+        if self.lease is None and self.state != "lost":  # (a resume reached the store)
+            unreachable = self._probe()
+            if unreachable is not None and current is None:
+                # Never reached: far more often a wrong endpoint, a firewall (the
+                # unit's IPAddressAllow=) or a typo than an outage.
+                raise RemoteStartupError(
+                    f"{unreachable}; a store goes remote only once its bucket has answered: "
+                    "check the endpoint (remote_endpoint_url, AWS_ENDPOINT_URL) and that the "
+                    "network reaches it (a systemd unit's IPAddressAllow=)")
         if current is None:
             with store.txn(write=True) as txn:
                 remotestate.set_remote_url(txn, store, str(self.url))
             added = seed_pending(store)
             log.info("store_goes_remote", remote=str(self.url), chunks_to_upload=added)
-        elif current != str(self.url):
-            raise RemoteStartupError(
-                f"the store at {store.dir} keeps its chunks in {current}; mount it with "
-                f"--remote {current} (a store has one remote)")
         token = remotestate.volume_meta(store, b"remote_owner")
         if token is None:
             token = (self.owner or Owner.me()).token.encode()
@@ -190,11 +270,16 @@ class RemoteTier:
         self.publisher.load()
         if self.lease is None and self.state != "lost":
             try:
+                if unreachable is not None:
+                    raise unreachable
                 self._take_lease_now()
-            except RemoteError as exc:
+            except RemoteUnavailable as exc:
                 self._set_state("acquiring", f"object store unreachable ({exc}); writes stay "
                                              "local until the run's lease is taken")
                 log.warning("lease_not_taken_at_mount", error=str(exc))
+            except RemoteError as exc:
+                raise RemoteStartupError(f"cannot take the lease of run {self.run_id} in "
+                                         f"{self.url}: {exc}") from None
         self.publisher.head = self.head
 
     # ------------------------------------------------------------ lease checks
@@ -210,7 +295,7 @@ class RemoteTier:
         lease = Lease(self.objstore, self.run_id, ttl=self.config.remote_lease_ttl,
                       owner=self.owner)
         try:
-            lease.acquire(wait=wait)
+            self._acquire_waiting(lease, wait)
         except LeaseHeld as exc:
             return "lost", None, None, f"the run's lease is held by another worker ({exc})"
         try:

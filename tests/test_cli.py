@@ -1,0 +1,118 @@
+"""The command-line conventions (vfsd.cli's docstring) hold for every verb.
+
+Run as real commands: `vfsd --help` shows every verb's one-line summary whole,
+every verb has `--json`, `-h` and help on each option, `mount-tool -h` works,
+sizes take units, and a misspelt TOML key gets the name it most likely meant.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+from conftest import VFSD, vfsd_cli
+
+from vfsd.cli import cli
+from vfsd.config import ConfigError, load_config, parse_size
+
+MOUNT_TOOL = [sys.executable, "-m", "mount_tool.cli"]
+
+
+def leaf_commands(group: click.Group = cli, prefix: tuple[str, ...] = ()):
+    for name, cmd in sorted(group.commands.items()):
+        if isinstance(cmd, click.Group):
+            yield from leaf_commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+COMMANDS = list(leaf_commands())
+
+
+def summary(cmd: click.Command) -> str:
+    """The docstring's first sentence, as the conventions define the summary."""
+    first = inspect.cleandoc(cmd.help or "").split("\n\n")[0].replace("\n", " ")
+    return first.split(". ")[0].rstrip(".")
+
+
+def test_every_verb_has_json_help_and_a_summary():
+    missing_json, no_help, no_summary = [], [], []
+    for path, cmd in COMMANDS:
+        names = {o for p in cmd.params if isinstance(p, click.Option) for o in p.opts}
+        if "--json" not in names:
+            missing_json.append(" ".join(path))
+        for p in cmd.params:
+            if isinstance(p, click.Option) and not (p.help or "").strip():
+                no_help.append(f"{' '.join(path)} {p.opts[0]}")
+        if not summary(cmd):
+            no_summary.append(" ".join(path))
+    assert (missing_json, no_help, no_summary) == ([], [], [])
+
+
+def test_group_help_shows_every_summary_whole():
+    out = subprocess.run([*VFSD, "--help"], capture_output=True, text=True, check=True,
+                         env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}).stdout
+    commands = out[out.index("Commands:"):]
+    flat = " ".join(commands.split())
+    assert "..." not in commands
+    for name, cmd in cli.commands.items():
+        assert " ".join(summary(cmd).split()) in flat, name
+
+
+@pytest.mark.parametrize("path", [(), *[p for p, _ in COMMANDS]],
+                         ids=lambda p: " ".join(p) or "vfsd")
+def test_dash_h_is_help(path):
+    proc = subprocess.run([*VFSD, *path, "-h"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("Usage: "), proc.stderr
+
+
+def test_mount_tool_takes_dash_h_and_documents_every_option():
+    proc = subprocess.run([*MOUNT_TOOL, "-h"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "JSON" in proc.stdout, proc.stderr
+    proc = subprocess.run([*MOUNT_TOOL, "mount", "-h"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    from mount_tool.cli import main as mount_tool_main
+
+    for name, cmd in mount_tool_main.commands.items():
+        for p in cmd.params:
+            if isinstance(p, click.Option):
+                assert (p.help or "").strip(), (name, p.opts)
+
+
+def test_sizes_take_units():
+    assert parse_size("65536") == 65536
+    assert parse_size("10G") == 10 << 30
+    assert parse_size("256MiB") == 256 << 20
+    assert parse_size("1.5 KB") == 1536
+    assert parse_size(4096) == 4096
+    for bad in ("", "ten", "10Q", "-1", "1.3", "iB", True):
+        with pytest.raises(ConfigError):
+            parse_size(bad, "quota_bytes")
+
+
+def test_toml_sizes_and_a_misspelt_key(tmp_path):
+    conf = tmp_path / "vfsd.toml"
+    conf.write_text('quota_bytes = "256MiB"\nremote_cache_bytes = "1G"\n')
+    config = load_config(conf, {})
+    assert (config.quota_bytes, config.remote_cache_bytes) == (256 << 20, 1 << 30)
+    conf.write_text("quota_byte = 10\n")
+    with pytest.raises(ConfigError, match="did you mean 'quota_bytes'"):
+        load_config(conf, {})
+    # The same through the command line: exit 2, the suggestion on stderr.
+    proc = vfsd_cli("mount", tmp_path / "r", "--config", conf, check=False)
+    assert proc.returncode == 2 and "did you mean 'quota_bytes'" in proc.stderr, proc.stderr
+    proc = vfsd_cli("mount", tmp_path / "r", "--quota-bytes", "lots", check=False)
+    assert proc.returncode == 2 and "10G" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r" / "fs").exists()
+
+
+def test_gc_prints_text_and_json_on_request(run):
+    (run.root / "f").write_bytes(b"x" * 200_000)
+    text = run.cli("gc", run.run_dir).stdout
+    assert "chunk files removed" in text and "{" not in text
+    doc = json.loads(run.cli("gc", run.run_dir, "--json").stdout)
+    assert set(doc) >= {"chunks_removed", "tombstones_removed", "temps_removed"}
