@@ -4,12 +4,17 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup demo test test-fast test-long bench bench-quick lint clean
+.PHONY: setup setup-demo demo test test-fast test-long bench bench-quick lint clean \
+        dist install install-bin install-units uninstall
 
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh test
 
-demo: setup
+# The demo needs FUSE, bubblewrap and the venv; PostgreSQL and the rest are the tests'.
+setup-demo:
+	@bash scripts/setup.sh demo
+
+demo: setup-demo
 	@$(PY) -m mount_tool.demo
 
 # Two workers, a test file each at a time: most tests wait on mounts, daemons
@@ -39,5 +44,51 @@ bench-quick: setup
 lint: setup
 	@.venv/bin/ruff check vfsd mount_tool tests bench
 
+# ------------------------------------------------------------ packaging, install
+# `make dist`: the wheel and the sdist in dist/ (python -m build).
+# `make install`: vfsd in its own venv under $(LIBDIR) (from the wheel), the
+# `vfsd` and `mount-tool` commands in $(BINDIR), and the systemd units (system
+# and user) where systemd looks for them. DESTDIR stages it all elsewhere.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib/vfsd
+UNITDIR ?= /etc/systemd/system
+USERUNITDIR ?= /etc/systemd/user
+DESTDIR ?=
+
+dist: setup
+	@rm -rf dist
+	@$(PY) -m build --outdir dist . >/dev/null
+	@ls dist
+
+install: install-bin install-units
+
+install-bin: dist
+	python3 -m venv "$(DESTDIR)$(LIBDIR)"
+	"$(DESTDIR)$(LIBDIR)/bin/pip" install -q --upgrade dist/vfsd-*.whl
+	install -d "$(DESTDIR)$(BINDIR)"
+	ln -sf "$(LIBDIR)/bin/vfsd" "$(DESTDIR)$(BINDIR)/vfsd"
+	ln -sf "$(LIBDIR)/bin/mount-tool" "$(DESTDIR)$(BINDIR)/mount-tool"
+
+# The units run $(BINDIR)/vfsd (they name /usr/local/bin/vfsd; another BINDIR is
+# written into the installed copies).
+install-units:
+	install -d "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(USERUNITDIR)" "$(DESTDIR)/etc/vfsd"
+	for u in vfsd@.service vfsd-gc@.service vfsd-gc@.timer; do \
+	    sed 's|/usr/local/bin/vfsd|$(BINDIR)/vfsd|g' "systemd/$$u" > "$(DESTDIR)$(UNITDIR)/$$u"; \
+	    chmod 644 "$(DESTDIR)$(UNITDIR)/$$u"; done
+	sed 's|%h/.local/bin/vfsd|$(BINDIR)/vfsd|g' systemd/user/vfsd@.service \
+	    > "$(DESTDIR)$(USERUNITDIR)/vfsd@.service"
+	chmod 644 "$(DESTDIR)$(USERUNITDIR)/vfsd@.service"
+	[ -e "$(DESTDIR)/etc/vfsd/vfsd.toml.example" ] || \
+	    install -m 644 systemd/vfsd.toml.example "$(DESTDIR)/etc/vfsd/vfsd.toml.example"
+	if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+
+uninstall:
+	rm -f "$(DESTDIR)$(BINDIR)/vfsd" "$(DESTDIR)$(BINDIR)/mount-tool"
+	rm -rf "$(DESTDIR)$(LIBDIR)"
+	rm -f "$(DESTDIR)$(UNITDIR)"/vfsd@.service "$(DESTDIR)$(UNITDIR)"/vfsd-gc@.service \
+	    "$(DESTDIR)$(UNITDIR)"/vfsd-gc@.timer "$(DESTDIR)$(USERUNITDIR)"/vfsd@.service
+
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache .hypothesis
+	rm -rf .venv build dist *.egg-info .pytest_cache .hypothesis

@@ -37,6 +37,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from mount_tool.checkpoints import CountingSerializer
 
+from .checkpointer import VfsdCheckpointer
 from .deepagents import VfsdBackend, VfsdMiddleware
 from .errors import MountError, MountToolError
 from .mount import Mount, is_mounted, mount
@@ -455,7 +456,8 @@ def run_vfsd_agent(m: Mount, story: Story) -> StateSize:
         tools=[fetch_ci_log],
         backend=VfsdBackend(m),
         middleware=[VfsdMiddleware(m), OffloadMiddleware(m)],
-        checkpointer=saver,
+        # As the docs recommend: every checkpoint names the snapshot of its files.
+        checkpointer=VfsdCheckpointer(saver, m),
     )
     config = {"configurable": {"thread_id": "demo"}, "recursion_limit": 500}
     task = HumanMessage(f"Find out why CI build {BUILD} is flaky and write a report.")

@@ -2,14 +2,26 @@
 # Install what vfsd needs on a Debian machine: system packages (only the missing
 # ones) and a virtual environment in .venv with the project and its extras.
 # Safe to run again; it does nothing that is already done.
+#
+#   scripts/setup.sh demo   what `make demo` needs: FUSE, the sandbox, the venv
+#   scripts/setup.sh        what `make test` needs too (the default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-EXTRAS="${VFSD_EXTRAS:-dev,agents}"
-# bubblewrap: the execute sandbox; python-is-python3: `python` inside it (deepagents' standard
-# sandbox tests run `python -c ...`); git, make, rsync: the workload benchmarks.
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config attr python3-venv python3-dev gcc postgresql systemd
-              bubblewrap python-is-python3 git make rsync)
+MODE="${1:-test}"
+# The venv builds pyfuse3 from source: gcc, pkg-config, libfuse3-dev, python3-dev.
+# fuse3: fusermount3; attr: setfattr (the demo's shell marks files done);
+# bubblewrap: the execute sandbox.
+DEMO_PACKAGES=(fuse3 libfuse3-dev pkg-config attr python3-venv python3-dev gcc bubblewrap)
+# Tests only: PostgreSQL (the checkpointer tests), systemd (systemd-analyze verify of
+# the units), python-is-python3 (`python` inside the sandbox: deepagents' standard
+# sandbox tests run `python -c ...`), git, make, rsync (the workload benchmarks).
+TEST_PACKAGES=(postgresql systemd python-is-python3 git make rsync)
+case "$MODE" in
+    demo) APT_PACKAGES=("${DEMO_PACKAGES[@]}"); EXTRAS="${VFSD_EXTRAS:-agents}" ;;
+    test) APT_PACKAGES=("${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}"); EXTRAS="${VFSD_EXTRAS:-dev,agents}" ;;
+    *) echo "usage: scripts/setup.sh [demo|test]" >&2; exit 2 ;;
+esac
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -26,11 +38,25 @@ fi
 PY="${PYTHON:-python3}"
 stamp=.venv/.vfsd-installed
 want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRAS"
-if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+have="$(cat "$stamp" 2>/dev/null || true)"
+# A venv made for the tests serves the demo as it is.
+if [ "$MODE" = demo ] && [ "$have" = "$(sha256sum pyproject.toml | cut -c1-16)-dev,agents" ]; then
+    want="$have"
+fi
+if [ ! -x .venv/bin/python ] || [ "$have" != "$want" ]; then
     echo "setup: creating .venv with extras [$EXTRAS]"
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
     .venv/bin/python -m pip install -q --upgrade "pip==25.3" 2>&1 | grep -v "^WARNING: Location" || true
     .venv/bin/python -m pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
     .venv/bin/python -c "import pyfuse3, trio, lmdb, xxhash"
+    if [ "$MODE" = test ]; then
+        # Wheels of vfsd's runtime dependencies, so tests/test_install.py installs
+        # the built wheel into a fresh venv offline (--no-index --find-links).
+        # The build backend goes there too: `pip install .` builds in isolation.
+        rm -rf .venv/wheelhouse
+        .venv/bin/python -m pip wheel -q -w .venv/wheelhouse --no-build-isolation . \
+            "setuptools==80.9.0" 2>&1 | grep -v "^WARNING: Location" || true
+        rm -f .venv/wheelhouse/vfsd-*.whl
+    fi
     echo "$want" > "$stamp"
 fi

@@ -19,8 +19,10 @@ def remote() -> None:
 @click.argument("run", required=False)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML file with the remote_* options (endpoint, credentials...).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Print only the run ids that have published, one per line (for scripts).")
 @json_option
-def ls(url: str, run: str | None, config_path: Path | None, as_json: bool) -> None:
+def ls(url: str, run: str | None, config_path: Path | None, quiet: bool, as_json: bool) -> None:
     """List the runs in a bucket prefix (or RUN's published snapshots), with what `--from` takes.
 
     Each run shows its latest published snapshot and its lease (held by
@@ -61,6 +63,11 @@ def ls(url: str, run: str | None, config_path: Path | None, as_json: bool) -> No
         store.close()
     if run is not None and listed[0].get("latest") is None and "error" not in listed[0]:
         fail(f"run {run} has published nothing in {url}")
+    if quiet and not as_json:
+        for r in listed:
+            if r.get("latest"):
+                click.echo(r["run"])
+        return
     emit({"remote": url, "runs": listed}, as_json,
          lambda doc: _text(doc, detail=run is not None))
 
