@@ -47,6 +47,10 @@ def readme_install_commands() -> list[str]:
     return [c for c in (line.split("#")[0].strip() for line in block.splitlines()) if c]
 
 
+# ~75 s on a loaded 2-core machine (a build in isolation, then every dependency
+# installed): past the default suite's budget, so with the long variants.
+@pytest.mark.skipif(os.environ.get("VFSD_LONG") != "1",
+                    reason="VFSD_LONG=1: pip install . into a fresh venv (~75 s)")
 def test_pip_install_dot_in_a_fresh_venv_mounts(tmp_path):
     """The README's `pip install .`, as written, in a fresh venv; then a real mount
     made and used with the installed commands, from outside the checkout."""
