@@ -384,14 +384,14 @@ def test_gc_deletes_only_unreferenced_chunks_after_the_grace(s3, run_factory):
     report = sweep(store, grace=3600)
     # The tails of both files (3 and 7 bytes) travel in manifests: one chunk each.
     assert report.deleted == 0 and report.young == 2 and bucket.chunks() == before
-    # Past a 4 s grace, with both clocks at one-second resolution (Last-Modified
-    # and Date are truncated): 6 s. `fresh` is put again, young, and stays young
-    # while the command line starts (which can take a second on a loaded machine).
-    time.sleep(6)
+    # Past a 10 s grace, with both clocks at one-second resolution (Last-Modified
+    # and Date are truncated): 12 s. `fresh` is put again, young, and stays young
+    # while the command line starts (seconds on a loaded machine: boto3 alone).
+    time.sleep(12)
     bucket.put(chunk_key(chunk_hash(fresh)), fresh)
-    report = sweep(store, grace=4, dry_run=True)
+    report = sweep(store, grace=10, dry_run=True)
     assert report.deleted == 1 and bucket.chunks() == before
-    proc = vfsd_cli("gc", "--remote", url, "--grace", "4", "--json")
+    proc = vfsd_cli("gc", "--remote", url, "--grace", "10", "--json")
     assert json.loads(proc.stdout)["deleted"] == 1
     assert bucket.chunks() == before - {chunk_hash(gone[:MiB])}
     assert bucket.missing_chunks() == {}
