@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -247,6 +246,8 @@ def load_config(path: Path | None, overrides: dict) -> Config:
     """Defaults, then the TOML file, then command-line `overrides` (None = unset)."""
     values: dict = {}
     if path is not None:
+        import tomllib  # only here: a daemon gets its config as JSON
+
         try:
             with open(path, "rb") as f:
                 data = tomllib.load(f)

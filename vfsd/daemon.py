@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import structlog
@@ -27,8 +28,6 @@ from vfsd.fuse.openfiles import OpenFiles
 from vfsd.fuse.settle import Settler
 from vfsd.fuse.snapservice import SnapshotService
 from vfsd.fuse.snapview import SnapshotView
-from vfsd.remote.objstore import RemoteURL
-from vfsd.remote.remotetier import RemoteStartupError, RemoteTier
 from vfsd.snapshots.snapshots import Snapshots
 from vfsd.store import compact, remotestate
 from vfsd.store.lmdbcheck import check_readable
@@ -39,8 +38,10 @@ from .config import Config
 from .errors import StartupError, StoreError, StoreLocked, StoreVersionError
 from .eviction import Evictor
 from .logs import setup_logging
-from .metrics import start_metrics_server
 from .rundir import RunDir, lock_volume, mount_state, remove_stale_mount
+
+if TYPE_CHECKING:
+    from vfsd.remote.remotetier import RemoteTier
 
 log = structlog.get_logger("vfsd.daemon")
 
@@ -48,6 +49,17 @@ log = structlog.get_logger("vfsd.daemon")
 SYNC_INTERVAL = 5.0
 #: seconds a sync waits after a delete, to cover a burst with one
 SYNC_BATCH_DELAY = 0.2
+
+
+def _remote_tier(url: str, config: Config) -> RemoteTier:
+    """The remote tier for `url`; its modules (and boto3) load only here."""
+    from vfsd.remote.objstore import RemoteURL
+    from vfsd.remote.remotetier import RemoteStartupError, RemoteTier
+
+    try:
+        return RemoteTier(RemoteURL.parse(url), config)
+    except RemoteStartupError as exc:
+        raise StartupError(str(exc)) from None
 
 
 class Daemon:
@@ -119,14 +131,16 @@ class Daemon:
         if self.resume_from is not None and self.config.remote_url is None:
             raise StartupError("--from needs --remote s3://BUCKET/PREFIX (or remote_url in "
                                "the config): where the run was published")
-        try:
-            if self.config.remote_url is not None:
-                self.remote = RemoteTier(RemoteURL.parse(self.config.remote_url), self.config)
-                self.remote.on_wait = self.on_wait
-                if self.resume_from is not None:
+        if self.config.remote_url is not None:
+            self.remote = _remote_tier(self.config.remote_url, self.config)
+            self.remote.on_wait = self.on_wait
+            if self.resume_from is not None:
+                from vfsd.remote.remotetier import RemoteStartupError
+
+                try:
                     self.remote.resume(self.store_dir, self.volume, self.resume_from)
-        except RemoteStartupError as exc:
-            raise StartupError(str(exc)) from None
+                except RemoteStartupError as exc:
+                    raise StartupError(str(exc)) from None
         try:
             self.store = Store(self.store_dir, self.volume, chunk_size=self.config.chunk_size,
                                inline_max=self.config.inline_max, defer_deletes=True)
@@ -165,7 +179,11 @@ class Daemon:
         gone = self.store.finish_deletes()
         if gone:
             log.info("deletes_finished", files=gone)
-        self.metrics = start_metrics_server(self, self.config.metrics_port)
+        if self.config.metrics_port is not None:
+            # prometheus_client (~2 MiB) is loaded only by daemons that serve it.
+            from .metrics import start_metrics_server
+
+            self.metrics = start_metrics_server(self, self.config.metrics_port)
 
     def _prepare_remote(self) -> None:
         """A store with a remote (given now or recorded earlier) gets its remote tier."""
@@ -173,11 +191,10 @@ class Daemon:
             url = remotestate.remote_url(self.store)
             if url is None:
                 return
-            try:
-                self.remote = RemoteTier(RemoteURL.parse(url), self.config)
-            except RemoteStartupError as exc:
-                raise StartupError(str(exc)) from None
+            self.remote = _remote_tier(url, self.config)
             self.remote.on_wait = self.on_wait
+        from vfsd.remote.remotetier import RemoteStartupError
+
         try:
             self.remote.attach(self.store, self.snapshots)
         except RemoteStartupError as exc:

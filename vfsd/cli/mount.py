@@ -85,7 +85,7 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
     except OSError as exc:
         fail(f"cannot create {run.state}: {exc}", 2)
     if foreground:
-        from vfsd.daemon import run_daemon
+        from vfsd.serve import run_daemon  # without the console extras (see serve)
 
         sys.exit(run_daemon(run, config, store_dir, volume, log_to_stderr=log_stderr,
                             resume_from=resume_from))
@@ -118,11 +118,9 @@ def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     daemon is stopped and its mount removed: a failure leaves nothing mounted.
     """
     rfd, wfd = os.pipe()
-    args = [sys.executable, "-m", "vfsd.serve", "--run-dir", str(run.path),
-            "--store", str(store_dir), "--volume", volume,
-            "--config-json", json.dumps(config.as_dict()), "--ready-fd", str(wfd)]
-    if resume_from is not None:
-        args += ["--resume-from", resume_from]
+    spec = {"run_dir": str(run.path), "store": str(store_dir), "volume": volume,
+            "config": config.as_dict(), "ready_fd": wfd, "resume_from": resume_from}
+    args = [sys.executable, "-m", "vfsd.serve", json.dumps(spec)]
     log_fd = os.open(run.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(log_fd, "ab") as logf:
         proc = subprocess.Popen(args, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
@@ -183,7 +181,7 @@ def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
         if time.monotonic() >= answer_by:
             _give_up(proc, run, f"the mount did not answer within {ANSWER_TIMEOUT_S:.0f} s "
                                 "of being made")
-        time.sleep(0.02)
+        time.sleep(0.005)
     return info
 
 

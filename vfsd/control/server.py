@@ -25,9 +25,6 @@ import structlog
 import trio
 
 from vfsd import __version__, errors
-from vfsd.remote.bucketgc import GcError, sweep
-from vfsd.remote.objstore import RemoteError
-from vfsd.remote.publisher import NotPublishable, SyncTimeout
 from vfsd.snapshots.snapshots import SnapshotError, SnapshotNotFound
 from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 
@@ -274,14 +271,6 @@ class ControlServer:
             return req_id, None, (exc.code, exc.message)
         except SnapshotNotFound as exc:
             return req_id, None, ("not_found", str(exc))
-        except SyncTimeout as exc:
-            return req_id, None, ("timeout", str(exc))
-        except NotPublishable as exc:
-            return req_id, None, ("not_publishable", str(exc))
-        except GcError as exc:
-            return req_id, None, ("gc_failed", str(exc))
-        except RemoteError as exc:
-            return req_id, None, ("remote_error", str(exc))
         except SnapshotError as exc:
             return req_id, None, ("bad_request", str(exc))
         except errors.NotFound as exc:
@@ -292,10 +281,31 @@ class ControlServer:
         except errors.StoreError as exc:
             return req_id, None, ("bad_request", str(exc) or type(exc).__name__)
         except Exception as exc:
+            coded = self._remote_failure(exc)
+            if coded is not None:
+                return req_id, None, coded
             log.exception("control_request_failed", op=op)
             return req_id, None, ("internal", f"{type(exc).__name__}: {exc}")
 
     # -------------------------------------------------------------- helpers
+
+    def _remote_failure(self, exc: Exception) -> tuple[str, str] | None:
+        """The error reply for a remote tier's failure, None for anything else.
+
+        Only a daemon with a remote tier can fail this way, and only it has
+        the remote modules loaded (boto3 with them): the others never import them.
+        """
+        if self.daemon.remote is None:
+            return None
+        from vfsd.remote.bucketgc import GcError
+        from vfsd.remote.objstore import RemoteError
+        from vfsd.remote.publisher import NotPublishable, SyncTimeout
+
+        for kind, code in ((SyncTimeout, "timeout"), (NotPublishable, "not_publishable"),
+                           (GcError, "gc_failed"), (RemoteError, "remote_error")):
+            if isinstance(exc, kind):
+                return code, str(exc)
+        return None
 
     def _check_writable(self) -> None:
         remote = self.daemon.remote
@@ -442,6 +452,8 @@ class ControlServer:
         if isinstance(grace, bool) or not 1 <= grace <= 365 * 86400:
             raise RequestError("bad_request", "'grace' must be 1 to 31536000 seconds")
         dry_run = _arg(req, "dry_run", bool, False)
+        from vfsd.remote.bucketgc import sweep
+
         report = await trio.to_thread.run_sync(
             lambda: sweep(remote.objstore, grace=float(grace), dry_run=dry_run))
         return report.as_dict()

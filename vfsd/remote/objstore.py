@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import email.utils
 import errno
+import functools
 import hashlib
 import http.client
 import ipaddress
@@ -43,13 +44,14 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import boto3
-import botocore.config
-import botocore.exceptions
-import botocore.session
-import urllib3.exceptions
+if TYPE_CHECKING:
+    import botocore.exceptions
+
+# boto3 and botocore are imported by the first client made (`_make_client`) and by
+# `_translate`: a daemon without a remote never loads them (~11 MiB, ~250 ms).
 
 # --------------------------------------------------------------------- errors
 
@@ -272,20 +274,26 @@ _DENIED_CODES = frozenset({
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
     "ExpiredToken", "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem",
 })
-# botocore's network-level failures: the request may or may not have been applied.
-_NETWORK_ERRORS = (
-    botocore.exceptions.ConnectionError,  # EndpointConnectionError, ConnectTimeout, ...
-    botocore.exceptions.HTTPClientError,  # ReadTimeoutError, ConnectionClosedError, ...
-    botocore.exceptions.IncompleteReadError,
-    botocore.exceptions.ResponseStreamingError,
-)
-_CREDENTIAL_ERRORS = (
-    botocore.exceptions.NoCredentialsError,
-    botocore.exceptions.PartialCredentialsError,
-    botocore.exceptions.CredentialRetrievalError,
-    botocore.exceptions.ProfileNotFound,
-    botocore.exceptions.ConfigNotFound,
-)
+@functools.cache
+def _boto_errors() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
+    """botocore's (network-level, credential) failures; the first may or may
+    not have been applied by the server."""
+    import botocore.exceptions as bx
+
+    network = (
+        bx.ConnectionError,  # EndpointConnectionError, ConnectTimeout, ...
+        bx.HTTPClientError,  # ReadTimeoutError, ConnectionClosedError, ...
+        bx.IncompleteReadError,
+        bx.ResponseStreamingError,
+    )
+    credentials = (
+        bx.NoCredentialsError,
+        bx.PartialCredentialsError,
+        bx.CredentialRetrievalError,
+        bx.ProfileNotFound,
+        bx.ConfigNotFound,
+    )
+    return network, credentials
 
 
 def _status_and_code(exc: botocore.exceptions.ClientError) -> tuple[int, str, str]:
@@ -340,6 +348,11 @@ class ObjectStore:
                 path.open("rb").close()
             except OSError as exc:
                 raise RemoteAccessDenied(f"credentials file {path} cannot be read: {exc}") from None
+        import boto3.session
+        import botocore.config
+        import botocore.exceptions
+        import botocore.session
+
         core = botocore.session.Session()
         if s.credentials_file is not None:
             core.set_config_variable("credentials_file", str(Path(s.credentials_file).expanduser()))
@@ -616,8 +629,12 @@ class ObjectStore:
 
     def _translate(self, op: str, key: str, exc: Exception,
                    conflict_is_transient: bool) -> RemoteError:
+        import botocore.exceptions
+        import urllib3.exceptions
+
         where = self._where(key)
         endpoint = self.endpoint
+        network_errors, credential_errors = _boto_errors()
         if isinstance(exc, botocore.exceptions.ClientError):
             status, code, message = _status_and_code(exc)
             detail = f"{code or status}: {message}" if message else (code or str(status))
@@ -645,11 +662,11 @@ class ObjectStore:
             if status == 416 or code == "InvalidRange":
                 return RemoteError(f"{op} {where}: range not satisfiable")
             return RemoteError(f"{op} {where}: {detail} (HTTP {status})")
-        if isinstance(exc, _CREDENTIAL_ERRORS):
+        if isinstance(exc, credential_errors):
             return RemoteAccessDenied(f"{op} {where}: no usable AWS credentials ({exc}); set "
                                       "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or "
                                       "remote_credentials_file")
-        if isinstance(exc, _NETWORK_ERRORS):
+        if isinstance(exc, network_errors):
             return RemoteUnavailable(f"{op} {where}: {endpoint} unreachable or too slow ({exc})")
         if isinstance(exc, botocore.exceptions.ParamValidationError):
             return RemoteError(f"{op} {where}: invalid request ({exc})")

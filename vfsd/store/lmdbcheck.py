@@ -12,9 +12,13 @@ daemon crashing on the first unlucky read.
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import lmdb
@@ -62,28 +66,75 @@ def walk(store_dir: Path) -> int:
 
 
 def check_readable(store_dir: Path, timeout: float = 600.0) -> str | None:
-    """None if the whole LMDB file reads cleanly, else what went wrong."""
+    """None if the whole LMDB file reads cleanly, else what went wrong.
+
+    A single-threaded caller (the daemon before it mounts, the CLI) forks:
+    lmdb is loaded already, so the walk starts at once instead of after a
+    new interpreter's start-up. Anyone else runs a new process (fork() in a
+    threaded process may copy another thread's held locks).
+    """
+    if threading.active_count() == 1:
+        return _check_in_fork(Path(store_dir), timeout)
     try:
         proc = subprocess.run([sys.executable, "-m", "vfsd.store.lmdbcheck", str(store_dir)],
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return f"reading the store's LMDB file took over {timeout:.0f} s"
-    if proc.returncode == 0:
+    return _verdict(proc.returncode, proc.stdout.strip() or proc.stderr.strip()[-500:])
+
+
+def _verdict(returncode: int, said: str) -> str | None:
+    if returncode == 0:
         return None
-    if proc.returncode < 0:
+    if returncode < 0:
         try:
-            name = signal.Signals(-proc.returncode).name
+            name = signal.Signals(-returncode).name
         except ValueError:
-            name = f"signal {-proc.returncode}"
+            name = f"signal {-returncode}"
         return f"reading the store's LMDB file crashed the reader ({name}): pages are damaged"
-    return proc.stdout.strip() or proc.stderr.strip()[-500:] or "the LMDB file is damaged"
+    return said or "the LMDB file is damaged"
 
 
-def main(argv: list[str]) -> int:
+def _check_in_fork(store_dir: Path, timeout: float) -> str | None:
+    """`check_readable` in a forked child; what it says comes back on a pipe."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: walk, say what went wrong, never return
+        code = 1
+        try:
+            os.close(rfd)
+            code = main([str(store_dir)], out=wfd)
+        except BaseException as exc:  # noqa: BLE001 - said to the parent instead
+            os.write(wfd, f"reading the store's LMDB file failed: {type(exc).__name__}: "
+                          f"{exc}".encode())
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    said = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return f"reading the store's LMDB file took over {timeout:.0f} s"
+            data = os.read(rfd, 4096)
+            if not data:
+                break
+            said += data
+    finally:
+        os.close(rfd)
+    status = os.waitpid(pid, 0)[1]
+    return _verdict(os.waitstatus_to_exitcode(status), said.decode(errors="replace").strip())
+
+
+def main(argv: list[str], out: int = 1) -> int:
+    """Walk the store `argv[0]`; 0 if it reads, else 2 with the damage said on `out`."""
     try:
         walk(Path(argv[0]))
     except (lmdb.Error, Damaged) as exc:
-        print(f"the store's LMDB file is damaged: {exc}")
+        os.write(out, f"the store's LMDB file is damaged: {exc}\n".encode())
         return 2
     return 0
 

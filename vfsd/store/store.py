@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import secrets
 import shutil
 import stat
 import struct
@@ -331,13 +330,13 @@ class Store(NamespaceMixin, XattrMixin):
         txn.put(b"next_vol", _u64(vol + 1), db=db["meta"])
         vp = b"v" + _U32.pack(vol) + b":"
         txn.put(vp + b"name", key, db=db["meta"])
-        txn.put(vp + b"run", (run or secrets.token_hex(16)).encode(), db=db["meta"])
+        txn.put(vp + b"run", (run or os.urandom(16).hex()).encode(), db=db["meta"])
         txn.put(vp + b"next_ino", _u64(ROOT_INO + 1), db=db["meta"])
         if with_root:
             t = now_ns()
             root = Inode(ROOT_INO, vol, stat.S_IFDIR | 0o755, nlink=2, uid=os.getuid(),
                          gid=os.getgid(), atime_ns=t, mtime_ns=t, ctime_ns=t,
-                         gen=secrets.randbits(32))
+                         gen=int.from_bytes(os.urandom(4), "big"))
             txn.put(_VI.pack(vol, ROOT_INO), root.pack(), db=db["inode"])
         txn.put(key, _VI.pack(vol, ROOT_INO), db=db["volume"])
         return vol
