@@ -17,6 +17,17 @@ unmounts it, then per round, interleaved:
 
 "mount without the walk" is the mount time minus the walk's: the walk runs
 before anything else opens the store, so nothing overlaps it.
+
+`--only mount` measures what a mount costs on an empty run dir, and what an
+idle daemon holds, for the current tree and (with `--baseline REV`, a git
+revision unpacked with `git archive`) the tree it replaces, alternating them
+round by round (`bench/mount_probe.py` runs in a fresh interpreter with the
+tree first on sys.path): `mount_tool.mount()` (its first call, which starts
+the helper, apart), `vfsd mount` run as a process, the daemon alone
+(`python -m vfsd.serve` until READY) and the interpreter with the daemon's
+imports alone; then `umount`s; and RssAnon, Pss_Anon and Private_Dirty of
+an idle daemon (1 s after mounting) started each way, and of the helper.
+Both trees are byte-compiled first, as an installed package is.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ import argparse
 import json
 import os
 import random
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,9 +47,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    REPO,
     VfsdMount,
     add_run_options,
     fmt_seconds,
+    load_average,
     machine_info,
     print_machine,
     rmtree_quiet,
@@ -94,18 +109,111 @@ def timed_walk(store_dir: Path) -> float:
     return took
 
 
+MOUNT_ROWS = (
+    ("mount_tool", "`mount_tool.mount()`, helper warm"),
+    ("mount_tool_first", "`mount_tool.mount()`, first call of a program"),
+    ("cli", "`vfsd mount` run as a process"),
+    ("daemon", "the daemon alone (`python -m vfsd.serve` to READY)"),
+    ("imports", "interpreter + the daemon's imports"),
+    ("mount_tool_umount", "`Mount.close()` (unmount)"),
+    ("cli_umount", "`vfsd umount` run as a process"),
+)
+
+
+def unpack(rev: str, into: Path) -> Path:
+    """The tree of git revision `rev` of this repo, unpacked under `into`."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def compiled(tree: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "vfsd", "mount_tool"],
+                   cwd=tree, check=True, capture_output=True)
+    return tree
+
+
+def mount_costs(base: Path, trees: dict[str, Path], rounds: int) -> dict:
+    """Per tree: the probe's figures, rounds alternating between the trees."""
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for r in range(rounds):
+        for name, tree in (trees.items() if r % 2 == 0 else reversed(trees.items())):
+            work = base / f"{name}-{r}"
+            work.mkdir()
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            proc = subprocess.run([sys.executable, str(Path(__file__).parent / "mount_probe.py"),
+                                   str(tree), str(work), "1"], env=env, cwd=tree,
+                                  capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"mount probe on {name} failed: {proc.stderr[-2000:]}")
+            runs[name].append(json.loads(proc.stdout.splitlines()[-1]))
+        print(f"round {r + 1}/{rounds} done (load {load_average()})", file=sys.stderr)
+    return runs
+
+
+def mount_table(runs: dict[str, list[dict]]) -> None:
+    names = list(runs)
+    print("\n| figure (median of rounds; min-max) | " + " | ".join(names) + " |")
+    print("| --- |" + " ---: |" * len(names))
+    for key, label in MOUNT_ROWS:
+        cells = []
+        for name in names:
+            vals = [x for run in runs[name] for x in
+                    (run[key] if isinstance(run.get(key), list) else [run.get(key)])
+                    if x is not None]
+            cells.append("–" if not vals else
+                         f"{fmt_seconds(statistics.median(vals))} "
+                         f"({fmt_seconds(min(vals))}-{fmt_seconds(max(vals))})")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    mib = 1024
+    for key, label in (("mem_mount_tool", "idle daemon from `mount_tool.mount()`"),
+                       ("mem_cli", "idle daemon from `vfsd mount`"), ("helper", "the helper")):
+        cells = []
+        for name in names:
+            vals = [m for run in runs[name] for m in
+                    (run[key] if isinstance(run.get(key), list) else [run.get(key)]) if m]
+            cells.append("–" if not vals else " / ".join(
+                f"{statistics.median(v[k] for v in vals) / mib:.1f}"
+                for k in ("RssAnon", "Pss_Anon", "Private_Dirty")))
+        print(f"| {label}: RssAnon / Pss_Anon / Private_Dirty, MiB | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--files", type=int, default=100_000)
     ap.add_argument("--file-size", type=int, default=1024)
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", choices=("walk", "mount"), action="append",
+                    help="run one part (repeatable; default: both)")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also measure the mount costs of this git revision (e.g. main)")
     add_run_options(ap)
     args = ap.parse_args()
     if args.wait_quiet:
         wait_for_quiet(args.wait_quiet, 1800)
     base = Path(tempfile.mkdtemp(prefix="vfsd-startup-", dir=args.base_dir))
     info = machine_info(base)
+    parts = args.only or ["walk", "mount"]
+    if "mount" in parts:
+        try:
+            trees = {"this tree": compiled(REPO)}
+            if args.baseline:
+                trees = {f"{args.baseline}": compiled(unpack(args.baseline, base / "baseline")),
+                         **trees}
+            runs = mount_costs(base, trees, args.rounds)
+        finally:
+            if not args.keep and "walk" not in parts:
+                rmtree_quiet(base)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": info, "mount": runs}, indent=2))
+        print_machine(info)
+        print(f"load average at the end: {load_average()}")
+        mount_table(runs)
+        if "walk" not in parts:
+            return
     mount = VfsdMount(base / "run", tuple(args.vfsd_opt))
     lmdb_dir = mount.state_dir / "lmdb"
     samples: dict[str, list[float]] = {k: [] for k in

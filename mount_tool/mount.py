@@ -13,7 +13,6 @@ import os
 import re
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
@@ -24,8 +23,8 @@ from .client import ControlClient
 from .errors import ControlError, Damaged, Evicted, Missing, MountError, MountToolError, StaleRef
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
+from .spawn import run_vfsd
 
-VFSD_CLI = [sys.executable, "-m", "vfsd.cli"]
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.
 PING_WAIT_SECONDS = 10.0
@@ -95,7 +94,7 @@ def mount_flags(options: Mapping[str, Any]) -> list[str]:
 
 def _run_vfsd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run([*VFSD_CLI, *args], capture_output=True, text=True, timeout=timeout)
+        return run_vfsd(list(args), timeout)
     except subprocess.TimeoutExpired as exc:
         raise MountError(f"vfsd {' '.join(args)} did not finish in {timeout} s") from exc
 

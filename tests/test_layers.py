@@ -151,6 +151,31 @@ def test_importing_a_layer_loads_nothing_above_it(stmt, never):
     assert above == []
 
 
+def third_party_loaded_by(stmt: str) -> set[str]:
+    # (A None in sys.modules is an import refused on purpose, nothing loaded.)
+    code = (f"import json, sys; {stmt}; "
+            "print(json.dumps(sorted(m for m, v in sys.modules.items() if v is not None)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PKG.parent).stdout
+    return {m.split(".")[0] for m in json.loads(out)}
+
+
+@pytest.mark.parametrize("stmt, allowed", [
+    ("import vfsd.serve, vfsd.control.server", set()),
+    # The spawner's pages are shared with every daemon it forks.
+    ("import vfsd.cli.spawner", {"click"}),
+])
+def test_a_daemon_loads_only_what_it_serves_with(stmt, allowed):
+    # Every module a daemon loads is memory in every mount (and time in every
+    # start): the object-store client, the metrics server, the console
+    # renderers and the command line stay out of a daemon without them.
+    loaded = third_party_loaded_by(stmt)
+    assert {"trio", "pyfuse3", "lmdb", "structlog"} <= loaded
+    unwanted = {"boto3", "botocore", "urllib3", "s3transfer", "prometheus_client", "rich",
+                "pygments", "click", "argparse", "tomllib"} - allowed
+    assert sorted(loaded & unwanted) == []
+
+
 def test_mount_tool_imports_nothing_of_vfsd():
     root = PKG.parent / "mount_tool"
     for path in root.rglob("*.py"):

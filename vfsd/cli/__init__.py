@@ -1,7 +1,8 @@
 """The `vfsd` command line: one module per verb (or family of verbs).
 
 `common` holds the click group and what every verb shares; importing a verb
-module registers its commands on the group.
+module registers its commands on the group. `spawner` runs verbs (and the
+daemons `mount` starts) by forking one warm process, for mount_tool.
 
 Conventions (every verb follows them; tests/test_cli.py checks the first four
 for every command):

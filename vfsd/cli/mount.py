@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -107,6 +108,72 @@ def say_degraded(info: dict) -> None:
              "`vfsd status` shows when it recovers")
 
 
+#: Set by `vfsd.cli.spawner`, whose process has the daemon's modules loaded: the
+#: daemon is then forked from this process instead of started as a new one.
+FORK_DAEMON = False
+
+
+class ForkedDaemon:
+    """The daemon as a forked child, with the little of Popen's interface
+    `spawn_daemon` uses. The child is what `python -m vfsd.serve` would be:
+    its own session, stdin from /dev/null, stdout and stderr to the log, no
+    other descriptor than the readiness pipe."""
+
+    def __init__(self, spec: dict, log_fd: int) -> None:
+        self.returncode: int | None = None
+        sys.stdout.flush()  # nothing buffered here may reach the daemon's log
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                os.setsid()
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(log_fd, 1)
+                os.dup2(log_fd, 2)
+                keep = spec["ready_fd"]
+                os.closerange(3, keep)
+                os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+                from vfsd.serve import serve
+
+                code = serve(spec)
+            except BaseException:  # noqa: BLE001 - to the log, as a crashed process would
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["vfsd.serve"], timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+
 def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
                  resume_from: str | None = None, timeout: float = MOUNT_TIMEOUT_S) -> dict:
     """Start the daemon and return once its mount answers; its ready info.
@@ -120,11 +187,14 @@ def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     rfd, wfd = os.pipe()
     spec = {"run_dir": str(run.path), "store": str(store_dir), "volume": volume,
             "config": config.as_dict(), "ready_fd": wfd, "resume_from": resume_from}
-    args = [sys.executable, "-m", "vfsd.serve", json.dumps(spec)]
     log_fd = os.open(run.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(log_fd, "ab") as logf:
+    if FORK_DAEMON:
+        proc: subprocess.Popen | ForkedDaemon = ForkedDaemon(spec, log_fd)
+    else:
+        args = [sys.executable, "-m", "vfsd.serve", json.dumps(spec)]
         proc = subprocess.Popen(args, pass_fds=(wfd,), stdin=subprocess.DEVNULL,
-                                stdout=logf, stderr=logf, start_new_session=True)
+                                stdout=log_fd, stderr=log_fd, start_new_session=True)
+    os.close(log_fd)
     os.close(wfd)
     started = time.monotonic()
     deadline = started + timeout
