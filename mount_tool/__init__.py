@@ -4,6 +4,9 @@
         ref = m.write("notes/plan.md", "...")   # a ~150-byte FileRef for graph state
         m.read(ref)                              # checked against the ref's hash
 
+    with mount_tool.runs("runs") as runs:        # one run dir per graph thread
+        m = runs.get(thread_id)                  # mounted on demand, idle ones unmounted
+
 LangGraph helpers live in `mount_tool.langgraph`, tool-output offloading in
 `mount_tool.offload`, Deep Agents integration in `mount_tool.deepagents` and the
 sandbox its `execute` runs commands in in `mount_tool.sandbox`. mount_tool never imports vfsd: it runs the `vfsd` command
@@ -26,6 +29,7 @@ from .errors import (
 )
 from .mount import Mount, is_mounted, mount
 from .refs import FileRef, as_ref, content_hash, is_ref
+from .runs import Runs, ThreadIdError, runs
 
 __all__ = [
     "ControlClient",
@@ -38,13 +42,16 @@ __all__ = [
     "MountError",
     "MountToolError",
     "RefError",
+    "Runs",
     "SnapshotNotPublished",
     "SnapshotUnavailable",
     "StaleRef",
     "ThreadBindingError",
+    "ThreadIdError",
     "as_ref",
     "content_hash",
     "is_mounted",
     "is_ref",
     "mount",
+    "runs",
 ]

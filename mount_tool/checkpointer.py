@@ -59,16 +59,15 @@ fetched on first read.
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
-import os
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -80,210 +79,69 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
-from .errors import (
-    ControlError,
-    MountError,
-    MountToolError,
-    SnapshotNotPublished,
-    SnapshotUnavailable,
-    ThreadBindingError,
-)
+from .errors import MountToolError
 from .mount import Mount
-from .refs import as_ref, is_ref
+from .runs import Runs, ThreadIdError, add_use_hook, current_config, lease, thread_key, thread_of
+from .threadfiles import (
+    BadFilesMetadata,
+    FilesVersion,
+    Pending,
+    PutPlan,
+    RunScope,
+    ThreadFiles,
+    snapshot_seq,
+)
 
 try:  # LangGraph's names for these keys; private, so fall back to their values
-    from langgraph._internal._constants import CONFIG_KEY_RUNTIME, INTERRUPT
+    from langgraph._internal._constants import (
+        CONFIG_KEY_CHECKPOINT_MAP,
+        CONFIG_KEY_RUNTIME,
+        INTERRUPT,
+    )
 except ImportError:  # pragma: no cover - other langgraph versions
+    CONFIG_KEY_CHECKPOINT_MAP = "checkpoint_map"
     CONFIG_KEY_RUNTIME = "__pregel_runtime"
     INTERRUPT = "__interrupt__"
 
 logger = logging.getLogger(__name__)
 
 PUBLISH_MODES = ("auto", "wait", "behind", "off")
-RECORD_NAME = "langgraph.json"
-POSITION_NAME = "langgraph.position"
 ON_MISSING = ("raise", "keep")
-# Checkpoint -> snapshot answers kept in memory (the metadata has them all).
-SNAPSHOT_CACHE_SIZE = 4096
-# Refs listed by name in a SnapshotUnavailable message (all are in `.lost`).
-LISTED_FILES = 20
+# Idle threads whose state stays in memory (all of it is in the run dirs and the saver).
+THREADS_KEPT = 1024
+# Snapshots an async run's step boundaries take in the background (one per graph run at a time).
+_BOUNDARY_POOL_SIZE = 4
 
-
-# -- what a checkpoint records -----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FilesVersion:
-    """The snapshot that holds a checkpoint's files (`metadata["vfsd"]`)."""
-
-    run: str
-    snapshot: str
-    step: int = 0
-
-    @classmethod
-    def of(cls, metadata: Mapping[str, Any] | None) -> FilesVersion | None:
-        raw = (metadata or {}).get("vfsd")
-        if not isinstance(raw, Mapping) or not isinstance(raw.get("snapshot"), str):
-            return None
-        return cls(str(raw.get("run") or ""), raw["snapshot"], int(raw.get("step") or 0))
-
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> FilesVersion:
-        """From a daemon snapshot record (a reused one also says the live step)."""
-        return cls(str(rec.get("run") or ""), str(rec["id"]), int(rec.get("live_step", rec["step"])))
-
-    def as_metadata(self) -> dict[str, Any]:
-        return {"run": self.run, "snapshot": self.snapshot, "step": self.step}
-
-    @property
-    def seq(self) -> int:
-        return snapshot_seq(self.snapshot)
-
-
-def snapshot_seq(snapshot_id: str | None) -> int:
-    """12 for "s12"; 0 for None or anything else."""
-    if isinstance(snapshot_id, str) and snapshot_id[1:].isdigit():
-        return int(snapshot_id[1:])
-    return 0
-
-
-# -- per-run scope: which run this context belongs to, and its step's snapshot ------
-
-
-@dataclass
-class _Pending:
-    """A snapshot taken at a step boundary, waiting for that step's `put`."""
-
-    version: FilesVersion
-    claimed: bool = False
-
-
-@dataclass(frozen=True)
-class _RunScope:
-    """Set in the context of a root graph run by its first `get_tuple`.
-
-    Immutable: each step sets a new one, so a `put` running late in the
-    background still sees the snapshot of its own step.
-    """
-
-    runtime: Any
-    thread: str
-    pending: _Pending | None = None
-
-
-# -- the run dir's record ---------------------------------------------------------------
-
-
-@dataclass
-class RunDirRecord:
-    """What the wrapper keeps in the run dir's state directory (`RUN_DIR/.vfsd`).
-
-    `langgraph.json` (rewritten whole, rarely):
-    - thread: the graph thread this run dir serves (None until first used)
-    - pins: {checkpoint id: {"snapshot", "was_pinned"}}: snapshots pinned
-      because their checkpoint waits at an interrupt
-
-    `langgraph.position` (rewritten at every checkpoint, in place: one small
-    `pwrite` padded with spaces, which JSON ignores, instead of a rename that
-    costs ~0.4 ms): position = {"checkpoint", "snapshot", "run"}, the checkpoint
-    the live files follow (the last one written by a run, or restored). A
-    position that does not read back is taken as unknown, which only makes
-    the next run start restore when in doubt.
-    """
-
-    state_dir: Path
-    thread: str | None = None
-    position: dict[str, str] | None = None
-    pins: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _position_fd: int | None = field(default=None, repr=False)
-    _position_len: int = field(default=0, repr=False)
-
-    @property
-    def path(self) -> Path:
-        return self.state_dir / RECORD_NAME
-
-    @property
-    def position_path(self) -> Path:
-        return self.state_dir / POSITION_NAME
-
-    def load(self) -> None:
-        """Read both files again (another process may have used the run dir)."""
-        try:
-            raw = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            raw = {}
-        except (OSError, ValueError) as exc:
-            raise MountToolError(
-                f"{self.path} is unreadable ({exc}); it records which graph thread this run "
-                "dir serves: fix or remove it"
-            ) from exc
-        if not isinstance(raw, dict):
-            raise MountToolError(f"{self.path} does not hold a JSON object; fix or remove it")
-        thread, pins = raw.get("thread"), raw.get("pins")
-        self.thread = thread if isinstance(thread, str) else None
-        self.pins = pins if isinstance(pins, dict) else {}
-        try:
-            position = json.loads(self.position_path.read_bytes() or b"null")
-        except (OSError, ValueError):
-            position = None
-        self.position = position if isinstance(position, dict) else None
-
-    def save(self) -> None:
-        """Write the thread and the pins (temporary file, then rename)."""
-        doc = {"version": 1, "thread": self.thread, "pins": self.pins}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps(doc, indent=1))
-        os.replace(tmp, self.path)
-
-    def save_position(self) -> None:
-        data = json.dumps(self.position).encode()
-        if self._position_fd is None:
-            self._position_fd = os.open(self.position_path, os.O_RDWR | os.O_CREAT, 0o600)
-            self._position_len = os.fstat(self._position_fd).st_size
-        padded = data.ljust(max(self._position_len, 256))
-        os.pwrite(self._position_fd, padded, 0)
-        self._position_len = len(padded)
-
-    def clear(self) -> None:
-        self.thread, self.position, self.pins = None, None, {}
-        if self._position_fd is not None:
-            os.close(self._position_fd)
-            self._position_fd, self._position_len = None, 0
-        for path in (self.path, self.position_path):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-
-    def __del__(self) -> None:
-        if self._position_fd is not None:
-            try:
-                os.close(self._position_fd)
-            except OSError:
-                pass
+__all__ = ["BadFilesMetadata", "FilesVersion", "VfsdCheckpointer", "snapshot_seq"]
 
 
 # -- the wrapper ----------------------------------------------------------------------------
 
 
 class VfsdCheckpointer(BaseCheckpointSaver):
-    """Wraps any LangGraph checkpointer so checkpoints also pin the mount's files.
+    """Wraps any LangGraph checkpointer so checkpoints also pin their files.
 
     `saver` does the storing (InMemorySaver, PostgresSaver, AsyncPostgresSaver,
-    ...); every method not described here is the saver's own. `mount` is the
-    vfsd mount whose files follow the graph.
+    ...); every method not described here is the saver's own. `files` is
+    where the files live: a `Runs` (`mount_tool.runs(ROOT)`: every thread its
+    own run dir, the way LangGraph serves many threads with one graph and
+    one checkpointer), or one `Mount` (one thread).
 
     - `put`/`aput` add `metadata["vfsd"] = {"run", "snapshot", "step"}`.
     - `get_tuple`/`aget_tuple` at the start of a root graph run bring the
-      mount to that checkpoint's snapshot first (see the module docstring).
-    - A checkpoint whose snapshot is gone (retention) raises
-      `SnapshotUnavailable` at the start of a run from it, naming the files
-      that cannot come back; `on_missing="keep"` logs that and runs on the
-      live files instead.
-    - One run dir serves one thread: the first thread that runs or writes a
-      checkpoint is bound to it (persisted in the run dir); any other thread
-      gets `ThreadBindingError`. Give each thread its own run dir, or start a
-      thread from another's snapshot with `Mount.fork`.
+      thread's files to that checkpoint's snapshot first (see the module
+      docstring).
+    - A checkpoint whose snapshot is gone raises `SnapshotUnavailable` at the
+      start of a run from it, naming the files that cannot come back;
+      `on_missing="keep"` logs that and runs on the live files instead.
+    - `delete_thread` removes the thread's files, snapshots and run dir
+      (Runs); `copy_thread` gives the target thread the source's
+      checkpoints, files and snapshots (a fork: no content copied), on any
+      saver. `prune` and `delete_for_runs` exist when the saver has them, and
+      then release the snapshots of the checkpoints they drop.
+    - With one Mount, the first thread that runs or writes a checkpoint is
+      bound to it (persisted in the run dir); any other thread gets
+      `ThreadBindingError`.
     - A checkpoint that waits at an interrupt (`interrupt()` in a node) gets
       its snapshot pinned until the thread moves past it.
 
@@ -291,10 +149,16 @@ class VfsdCheckpointer(BaseCheckpointSaver):
     their own: the files follow the root graph's checkpoints.
     """
 
+    def __new__(cls, saver: Any = None, *args: Any, **kwargs: Any) -> VfsdCheckpointer:
+        # The methods LangGraph treats as optional capabilities (the server and
+        # the conformance suite look for them on the class) exist only when
+        # the wrapped saver has them.
+        return super().__new__(_class_for(cls, saver))
+
     def __init__(
         self,
         saver: BaseCheckpointSaver,
-        mount: Mount,
+        files: Mount | Runs,
         *,
         on_missing: str = "raise",
         files_key: str = "files",
@@ -306,36 +170,42 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             raise ValueError("saver is already a VfsdCheckpointer")
         if not isinstance(saver, BaseCheckpointSaver):
             raise TypeError(f"saver must be a LangGraph BaseCheckpointSaver, not {type(saver)!r}")
+        if not isinstance(files, Mount | Runs):
+            raise TypeError(f"files must be a mount_tool Mount or Runs, not {type(files)!r}")
         if on_missing not in ON_MISSING:
             raise ValueError(f"on_missing must be one of {ON_MISSING}, not {on_missing!r}")
-        self.saver = saver
-        self.mount = mount
-        self.on_missing = on_missing
-        self.files_key = files_key
         if publish not in PUBLISH_MODES:
             raise ValueError(f"publish must be one of {PUBLISH_MODES}, not {publish!r}")
         if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
             raise ValueError(f"max_lag must be an integer >= 0, not {max_lag!r}")
         if not isinstance(sync_timeout, int | float) or sync_timeout <= 0:
             raise ValueError(f"sync_timeout must be a positive number, not {sync_timeout!r}")
+        self.saver = saver
+        self.files = files
+        self.runs = files if isinstance(files, Runs) else None
+        self.on_missing = on_missing
+        self.files_key = files_key
         self.publish = publish
         self.max_lag = max_lag
         self.sync_timeout = float(sync_timeout)
-        self._mode: str | None = None  # `publish` resolved against the mount
-        self._remote_url: str | None = None
-        # Snapshots named by stored checkpoints and not known to be published.
-        self._unpublished: deque[str] = deque()
-        self._record = RunDirRecord(mount.state_dir)
-        self._record.load()
-        self._lock = threading.RLock()
-        self._scope: ContextVar[_RunScope | None] = ContextVar(
+        self._threads: OrderedDict[str, ThreadFiles] = OrderedDict()
+        self._threads_lock = threading.Lock()
+        self._scope: ContextVar[RunScope | None] = ContextVar(
             f"vfsd_run_scope_{id(self):x}", default=None
         )
-        self._versions: OrderedDict[str, FilesVersion] = OrderedDict()
-        # Checkpoints waiting at an interrupt whose `put` has not run yet.
-        self._pin_on_put: set[str] = set()
         self._inner_task_path = _accepts_task_path(saver.put_writes)
         self._inner_atask_path = _accepts_task_path(saver.aput_writes)
+        add_use_hook(files, self._step_gate)
+        if self.runs is None:
+            with self._thread_files(None):  # reads the binding now, as it always did
+                pass
+
+    @property
+    def mount(self) -> Mount:
+        """The Mount of the one-mount form (AttributeError with a Runs)."""
+        if self.runs is not None:
+            raise AttributeError("this VfsdCheckpointer serves a Runs: runs.get(thread_id)")
+        return self.files  # type: ignore[return-value]
 
     # -- plain delegation ---------------------------------------------------------
 
@@ -353,12 +223,12 @@ class VfsdCheckpointer(BaseCheckpointSaver):
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names this class lacks (setup(), conn, ...).
-        if name.startswith("__") or name == "saver":
+        if name.startswith("__") or name in ("saver", "files", "runs"):
             raise AttributeError(name)
         return getattr(self.saver, name)
 
     def __repr__(self) -> str:
-        return f"VfsdCheckpointer({self.saver!r}, {self.mount!r})"
+        return f"VfsdCheckpointer({self.saver!r}, {self.files!r})"
 
     def with_allowlist(self, extra_allowlist: Any) -> VfsdCheckpointer:
         """A clone around the saver's own clone, sharing this wrapper's state."""
@@ -397,24 +267,6 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         async for item in self.saver.alist(config, filter=filter, before=before, limit=limit):
             yield item
 
-    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        return self.saver.delete_for_runs(run_ids)
-
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        return await self.saver.adelete_for_runs(run_ids)
-
-    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        return self.saver.copy_thread(source_thread_id, target_thread_id)
-
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        return await self.saver.acopy_thread(source_thread_id, target_thread_id)
-
-    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        return self.saver.prune(thread_ids, strategy=strategy)
-
-    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        return await self.saver.aprune(thread_ids, strategy=strategy)
-
     def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]) -> Any:
         return self.saver.get_delta_channel_history(config=config, channels=channels)
 
@@ -423,6 +275,107 @@ class VfsdCheckpointer(BaseCheckpointSaver):
     ) -> Any:
         return await self.saver.aget_delta_channel_history(config=config, channels=channels)
 
+    # -- threads -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _thread_files(self, thread: str | None) -> Iterator[ThreadFiles]:
+        """The thread's state with its mount held (worker threads: may mount)."""
+        with lease(self.files, thread, hooks=False) as m, self._state(m) as tf:
+            yield tf
+
+    @contextlib.contextmanager
+    def _state(self, m: Mount) -> Iterator[ThreadFiles]:
+        """The state of the run dir `m` mounts, while `m` is held."""
+        key = str(m.state_dir)
+        with self._threads_lock:
+            tf = self._threads.get(key)
+            if tf is not None:
+                self._threads.move_to_end(key)
+                tf.users += 1
+        if tf is None:
+            fresh = ThreadFiles(self, m.state_dir)  # reads the record: not under the lock
+            with self._threads_lock:
+                tf = self._threads.setdefault(key, fresh)
+                tf.users += 1
+                self._forget_idle()
+        tf.mount = m
+        try:
+            yield tf
+        finally:
+            with self._threads_lock:
+                tf.users -= 1
+
+    def _forget_idle(self) -> None:
+        """Drop the state of idle threads beyond THREADS_KEPT (it is all in the
+        run dirs and the saver); _threads_lock held."""
+        excess = len(self._threads) - THREADS_KEPT
+        for key in list(self._threads):
+            if excess <= 0:
+                break
+            tf = self._threads[key]
+            if not tf.busy:
+                del self._threads[key]
+                tf.record.close()
+                excess -= 1
+
+    def _state_key(self, thread: str) -> str:
+        """The key of a thread's state (its run dir's state directory; no I/O)."""
+        if self.runs is not None:
+            return str(self.runs.run_dir(thread) / ".vfsd")
+        return str(self.mount.state_dir)
+
+    def _known(self, thread: str, checkpoint_id: str | None) -> FilesVersion | None:
+        """A checkpoint's files version if this process decided it (no I/O)."""
+        with self._threads_lock:
+            tf = self._threads.get(self._state_key(thread))
+        return tf.known(checkpoint_id) if tf is not None else None
+
+    def _expected_run(self, thread: str | None) -> str | None:
+        """The run id a thread's files must be in, when the Runs fixes it."""
+        if self.runs is None or thread is None:
+            return None
+        return self.runs.expected_run(thread)
+
+    def _label(self, thread: str, checkpoint_id: str, metadata: Mapping[str, Any] | None) -> str:
+        """A snapshot label that reads like the history: thread, checkpoint, step."""
+        shown = "".join(c if c.isprintable() else "?" for c in thread[:40])
+        step = (metadata or {}).get("step")
+        label = f"{shown} ckpt {checkpoint_id}"
+        if isinstance(step, int):
+            label += f", step {step}"
+        return label[:200]
+
+    def _step_gate(self, thread: str | None, m: Mount) -> None:
+        """Before a file operation inside a graph run: if it is the first of its
+        step, snapshot the files of the checkpoint the step starts from.
+
+        That is where the snapshot of a step's checkpoint must be taken: the
+        checkpoint itself is saved in the background, maybe while the next
+        step already writes. `get_next_version` takes it when LangGraph calls
+        the wrapper there; a wrapper behind another (the LangGraph server's
+        checkpointer adapter) is not called there, and relies on this gate."""
+        if thread is None:
+            return
+        try:
+            config = current_config()
+        except RuntimeError:
+            return
+        conf = config.get("configurable") or {}
+        boundary = (conf.get(CONFIG_KEY_CHECKPOINT_MAP) or {}).get("")
+        if not isinstance(boundary, str) or conf.get(CONFIG_KEY_RUNTIME) is None:
+            return
+        try:
+            if thread_of(config) != thread:
+                return  # a node of one thread touching another thread's files
+        except ThreadIdError:
+            return
+        scope = self._scope.get()
+        pending = scope.pending if scope is not None else None
+        with self._state(m) as tf:
+            if tf.record.thread not in (None, thread):
+                return  # the one-mount form serves another thread: its own error elsewhere
+            tf.gate(boundary, pending, self._label(thread, boundary, None))
+
     # -- what a checkpoint holds ---------------------------------------------------
 
     def snapshot_of(self, config: RunnableConfig) -> str | None:
@@ -430,14 +383,32 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         no such checkpoint, or one written without this wrapper). Fork a new
         run dir from it with `mount.fork(id, new_run_dir)`."""
         tup = self.saver.get_tuple(config)
-        version = FilesVersion.of(tup.metadata) if tup else None
+        version = FilesVersion.of(tup.metadata, strict=True) if tup else None
         return version.snapshot if version else None
+
+    def restorable(self, config: RunnableConfig) -> bool:
+        """Whether a run from the checkpoint `config` addresses gets its files
+        back (its snapshot is retained, or it needs none)."""
+        tup = self.saver.get_tuple(config)
+        if tup is None:
+            return False
+        version = FilesVersion.of(tup.metadata, strict=True)
+        if version is None:
+            return True
+        thread = thread_of(tup.config)
+        with self._thread_files(thread) as tf:
+            state = tf.m.snapshot_state()
+            if tf.where(tup.checkpoint["id"], version, state) in ("exact", "after"):
+                return True
+            if tf.where(tup.checkpoint["id"], version, state) == "foreign":
+                return False
+            return version.snapshot in {s["id"] for s in tf.m.snapshots()}
 
     # -- reading: a run start aligns the files ------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """The saver's tuple; at the start of a root graph run, the mount is
-        first brought to that checkpoint's files."""
+        """The saver's tuple; at the start of a root graph run, the thread's
+        files are first brought to that checkpoint's files."""
         start = self._run_start(config)
         tup = self.saver.get_tuple(config)
         if start is not None:
@@ -453,7 +424,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             self._scope.set(start)
         return tup
 
-    def _run_start(self, config: RunnableConfig) -> _RunScope | None:
+    def _run_start(self, config: RunnableConfig) -> RunScope | None:
         """The scope of a root run starting here, or None (not a run start).
 
         LangGraph puts its Runtime in the config of every checkpointer call a
@@ -470,130 +441,11 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         scope = self._scope.get()
         if scope is not None and scope.runtime is runtime:
             return None
-        return _RunScope(runtime, str(conf.get("thread_id")))
+        return RunScope(runtime, thread_of(config))
 
-    def _begin_run(self, start: _RunScope, tup: CheckpointTuple | None) -> None:
-        with self._lock:
-            self._reload()
-            self._bind(start.thread)
-            version = FilesVersion.of(tup.metadata) if tup is not None else None
-            if tup is None or version is None:
-                return  # a new thread, or a checkpoint written without the wrapper
-            self._align(tup, version)
-
-    def _align(self, tup: CheckpointTuple, version: FilesVersion) -> None:
-        checkpoint_id = tup.checkpoint["id"]
-        state = self.mount.snapshot_state()
-        where = self._where(checkpoint_id, version, state)
-        if where in ("exact", "after"):
-            self._set_position(checkpoint_id, version)
-            return
-        if where == "foreign":
-            why = self._resume_elsewhere(tup, version, state)
-            if why is None:
-                self._set_position(checkpoint_id, version)
-                return
-            self._unavailable(
-                tup,
-                version,
-                f"its files are in run {version.run}, and this mount holds run {state.get('run')} "
-                f"({why}; or fork that run dir from the checkpoint's snapshot to run it here)",
-            )
-            return
-        try:
-            res = self.mount.restore(version.snapshot)
-        except ControlError as exc:
-            if exc.code != "not_found":
-                raise
-            self._unavailable(tup, version, exc.message)
-            return
-        if version.step > int(res.get("step", 0)):
-            # The snapshot was reused by a later step: go to the step the
-            # checkpoint was written at (nothing is due for eviction there).
-            self.mount.set_step(version.step)
-        logger.info(
-            "vfsd: restored %s for checkpoint %s (%s change(s))",
-            version.snapshot,
-            checkpoint_id,
-            res.get("changed"),
-        )
-        self._set_position(checkpoint_id, version)
-
-    def _where(self, checkpoint_id: str, version: FilesVersion, state: Mapping[str, Any]) -> str:
-        """How the live tree stands to a checkpoint's files:
-        "exact" (it is that snapshot), "after" (it follows that checkpoint, maybe
-        changed since), "elsewhere", or "foreign" (another run's files)."""
-        base = state.get("base")
-        position = self._record.position
-        if version.run and state.get("run") and version.run != state.get("run"):
-            origin = state.get("forked_from") or {}
-            fresh_fork = position is None and base is None
-            if fresh_fork and origin.get("run") == version.run and origin.get("snapshot") == version.snapshot:
-                return "after"  # forked from exactly these files, not used since
-            return "foreign"
-        if base == version.snapshot and not state.get("changed"):
-            return "exact"
-        if position is None:
-            return "after" if base == version.snapshot else "elsewhere"
-        if (
-            position.get("checkpoint") == checkpoint_id
-            and base is not None
-            and snapshot_seq(base) >= version.seq
-        ):
-            return "after"
-        return "elsewhere"
-
-    def _unavailable(self, tup: CheckpointTuple, version: FilesVersion, reason: str) -> None:
-        checkpoint_id = tup.checkpoint["id"]
-        lost, available = self._files_report(tup)
-        message = (
-            f"checkpoint {checkpoint_id} keeps its files in snapshot {version.snapshot}, "
-            f"which cannot be restored: {reason}."
-        )
-        if lost:
-            names = ", ".join(ref["path"] for ref in lost[:LISTED_FILES])
-            more = f" and {len(lost) - LISTED_FILES} more" if len(lost) > LISTED_FILES else ""
-            message += (
-                f" {len(lost)} file(s) of its state cannot come back (no live file and no "
-                f"retained snapshot holds their version): {names}{more}."
-            )
-        if available:
-            message += f" {len(available)} other file(s) can still be read with Mount.read."
-        if self.on_missing == "raise":
-            raise SnapshotUnavailable(
-                message
-                + " Nothing was changed: the mount still shows its live files. Pass "
-                "on_missing='keep' to run on them anyway.",
-                checkpoint_id=checkpoint_id,
-                snapshot=version.snapshot,
-                reason=reason,
-                lost=lost,
-                available=available,
-            )
-        logger.warning("vfsd: %s Running on the live files (on_missing='keep').", message)
-        self._set_position(checkpoint_id, version)
-
-    def _files_report(self, tup: CheckpointTuple) -> tuple[list[dict], list[dict]]:
-        """(lost, available) refs of the checkpoint's `files` state."""
-        lost: list[dict] = []
-        available: list[dict] = []
-        for ref in self._files_of(tup).values():
-            if not is_ref(ref):
-                continue
-            ref = dict(as_ref(ref))
-            try:
-                res = self.mount.resolve(ref)
-                if res.get("state") == "live" and res.get("matches", True):
-                    available.append({**ref, "from": "live"})
-                    continue
-                found = self.mount.locate(ref)
-            except ControlError:
-                found, res = {}, {}
-            if found.get("found"):
-                available.append({**ref, "from": found["id"]})
-            else:
-                lost.append({**ref, "state": res.get("state", "unknown")})
-        return lost, available
+    def _begin_run(self, start: RunScope, tup: CheckpointTuple | None) -> None:
+        with self._thread_files(start.thread) as tf:
+            tf.begin_run(start, tup)
 
     def _files_of(self, tup: CheckpointTuple) -> Mapping[str, Any]:
         """The checkpoint's `files` channel: stored whole, or rebuilt from a
@@ -632,24 +484,37 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         it hands the step's checkpoint to `put` (see the module docstring)."""
         version = self.saver.get_next_version(current, channel)
         scope = self._scope.get()
-        if scope is not None:
-            taken = self._take(f"langgraph thread {scope.thread}")
-            self._scope.set(replace(scope, pending=_Pending(taken)))
+        if scope is None:
+            return version
+        # Called once per channel that changed: the later calls reuse the
+        # snapshot the first one took (one round trip each, no new snapshot).
+        label = self._label(scope.thread, "(next)", None)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a sync run: take it now, no task runs
+            taken: FilesVersion | Future = self._take_for(scope.thread, label)
+        else:
+            # On the event loop (an async run): never block it. The snapshot is
+            # asked for now, in a worker thread; the step's first file operation
+            # (`_step_gate`) and the put wait for it.
+            taken = _boundary_pool().submit(self._take_for, scope.thread, label)
+        self._scope.set(replace(scope, pending=Pending(taken)))
         return version
 
-    def _take(self, label: str) -> FilesVersion:
-        return FilesVersion.from_record(self.mount.snapshot(label=label[:200], reuse=True))
+    def _take_for(self, thread: str, label: str) -> FilesVersion:
+        with self._thread_files(thread) as tf:
+            return tf.take(label)
 
-    def _claim(self, runtime: Any) -> FilesVersion | None:
+    def _claim(self, runtime: Any) -> Pending | None:
         """The snapshot of this put's step, if the step boundary took one."""
         scope = self._scope.get()
         if scope is None or scope.runtime is not runtime or scope.pending is None:
             return None
-        with self._lock:
+        with self._threads_lock:
             if scope.pending.claimed:
                 return None
             scope.pending.claimed = True
-            return scope.pending.version
+            return scope.pending
 
     # -- writing ----------------------------------------------------------------------------------------
 
@@ -662,17 +527,14 @@ class VfsdCheckpointer(BaseCheckpointSaver):
     ) -> RunnableConfig:
         """Record the snapshot holding this checkpoint's files, then store it."""
         plan = self._plan_put(config, checkpoint)
-        if plan is not None and plan.needs_parent:
+        if plan is None:
+            return self.saver.put(config, checkpoint, metadata, new_versions)
+        if plan.needs_parent:
             plan.parent = self._version_of(config)
-        version = self._files_version(plan, checkpoint) if plan else None
-        if version is not None:
-            self._before_store(version)
-            with self._lock:  # before storing: its interrupt's writes may come first
-                self._remember(checkpoint["id"], version)
-        stored = self.saver.put(config, checkpoint, self._metadata(metadata, version),
-                                new_versions)
-        if plan is not None and version is not None:
-            self._after_put(plan, checkpoint["id"], version)
+        with self._thread_files(plan.thread) as tf:
+            version, meta = self._prepare_put(tf, plan, checkpoint, metadata)
+            stored = self.saver.put(config, checkpoint, meta, new_versions)
+            tf.after_put(plan, checkpoint["id"], version)
         return stored
 
     async def aput(
@@ -683,29 +545,37 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         plan = self._plan_put(config, checkpoint)
-        if plan is not None and plan.needs_parent:
-            plan.parent = await self._aversion_of(config)
-        version = (
-            await asyncio.to_thread(self._files_version, plan, checkpoint) if plan else None
-        )
-        if version is not None:
-            await asyncio.to_thread(self._before_store, version)
-            with self._lock:  # before storing: its interrupt's writes may come first
-                self._remember(checkpoint["id"], version)
-        stored = await self.saver.aput(
-            config, checkpoint, self._metadata(metadata, version), new_versions
-        )
-        if plan is not None and version is not None:
-            await asyncio.to_thread(self._after_put, plan, checkpoint["id"], version)
+        if plan is None:
+            return await self.saver.aput(config, checkpoint, metadata, new_versions)
+        if plan.needs_parent:
+            plan.parent = self._known(plan.thread, plan.parent_id) or \
+                await self._aversion_of(config)
+        with contextlib.ExitStack() as stack:
+            tf = await asyncio.to_thread(stack.enter_context, self._thread_files(plan.thread))
+            version, meta = await asyncio.to_thread(
+                self._prepare_put, tf, plan, checkpoint, metadata)
+            stored = await self.saver.aput(config, checkpoint, meta, new_versions)
+            await asyncio.to_thread(tf.after_put, plan, checkpoint["id"], version)
+            await asyncio.to_thread(stack.close)
         return stored
 
-    def _plan_put(self, config: RunnableConfig, checkpoint: Checkpoint) -> _PutPlan | None:
+    def _prepare_put(self, tf: ThreadFiles, plan: PutPlan, checkpoint: Checkpoint,
+                     metadata: CheckpointMetadata) -> tuple[FilesVersion, Any]:
+        """The files version of a checkpoint about to be stored and its metadata,
+        after the durability rule (worker thread)."""
+        version = tf.files_version(plan, checkpoint, metadata)
+        tf.before_store(version)
+        with tf.cache_lock:  # before storing: its interrupt's writes may come first
+            tf.remember(checkpoint["id"], version)
+        return version, _with_version(metadata, version, tf.remote_of(version))
+
+    def _plan_put(self, config: RunnableConfig, checkpoint: Checkpoint) -> PutPlan | None:
         conf = config.get("configurable") or {}
         if conf.get("checkpoint_ns"):
             return None  # a subgraph's checkpoint: the root's carries the files
         runtime = conf.get(CONFIG_KEY_RUNTIME)
-        plan = _PutPlan(
-            thread=str(conf.get("thread_id")),
+        plan = PutPlan(
+            thread=thread_of(config),
             parent_id=conf.get("checkpoint_id"),
             from_run=runtime is not None,
         )
@@ -713,179 +583,26 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             plan.claimed = self._claim(runtime)  # in this put's own context
         return plan
 
-    def _files_version(self, plan: _PutPlan, checkpoint: Checkpoint) -> FilesVersion:
-        with self._lock:
-            if not plan.from_run:
-                self._reload()
-            self._bind(plan.thread)
-            if plan.from_run:
-                plan.moves_position = True
-                return plan.claimed or self._take(checkpoint["id"])
-            return self._version_for_update(plan, checkpoint)
-
-    def _version_for_update(self, plan: _PutPlan, checkpoint: Checkpoint) -> FilesVersion:
-        """`update_state`: never snapshot files that belong to another checkpoint."""
-        parent = plan.parent
-        if parent is None:
-            # The thread's first checkpoint, or a parent written without the
-            # wrapper: the files are whatever the mount shows.
-            plan.moves_position = True
-            return self._take(checkpoint["id"])
-        where = self._where(plan.parent_id or "", parent, self.mount.snapshot_state())
-        if where == "after":
-            # The mount follows the parent and changed since: edits made
-            # through the shell between steps belong to this checkpoint.
-            plan.moves_position = True
-            return self._take(checkpoint["id"])
-        plan.moves_position = where == "exact"
-        return parent  # exact, or the mount is elsewhere: the parent's files, as they were
-
-    # -- the remote tier: publication before (or shortly after) storing ------------------
-
-    def _publish_mode(self) -> str:
-        """`publish` resolved once against the mount: "wait", "behind" or "off"."""
-        if self._mode is None:
-            remote = self.mount.remote()
-            self._remote_url = remote.get("url") if remote else None
-            mode = self.publish
-            if mode == "auto":
-                mode = "wait" if remote else "off"
-            elif mode in ("wait", "behind") and not remote:
-                raise MountToolError(f"publish={mode!r} needs a mount with a remote tier "
-                                     "(vfsd mount --remote s3://BUCKET/PREFIX)")
-            self._mode = mode
-        return self._mode
-
-    def _metadata(self, metadata: CheckpointMetadata, version: FilesVersion | None) -> Any:
-        meta = _with_version(metadata, version)
-        if version is not None and self._publish_mode() != "off" and self._remote_url:
-            meta["vfsd"] = {**meta["vfsd"], "remote": self._remote_url}
-        return meta
-
-    def _before_store(self, version: FilesVersion) -> None:
-        """Apply the durability rule before a checkpoint naming `version` is stored."""
-        mode = self._publish_mode()
-        if mode == "wait":
-            self._sync(version.snapshot)
-        elif mode == "behind":
-            with self._lock:
-                if version.snapshot not in self._unpublished:
-                    self._unpublished.append(version.snapshot)
-                over = len(self._unpublished) > self.max_lag
-            if over:
-                self._bound_lag()
-
-    def _bound_lag(self) -> None:
-        """Wait for the oldest unpublished snapshots until at most `max_lag` remain."""
-        status = self.mount.publish_status()
-        known = {s["id"]: s["published"] for s in status.get("snapshots", [])}
-        with self._lock:
-            for snap in list(self._unpublished):
-                if known.get(snap):
-                    self._unpublished.remove(snap)
-        while True:
-            with self._lock:
-                if len(self._unpublished) <= self.max_lag:
-                    return
-                oldest = self._unpublished[0]
-            self._sync(oldest, tolerate_gone=True)
-            with self._lock:
-                if self._unpublished and self._unpublished[0] == oldest:
-                    self._unpublished.popleft()
-
-    def _sync(self, snapshot: str, *, tolerate_gone: bool = False,
-              timeout: float | None = None, stored: bool = False) -> None:
-        """Wait until `snapshot` is published. `stored`: its checkpoint is stored
-        already (flush), which the error then says instead of "not stored"."""
-        try:
-            self.mount.sync(snapshot, timeout=self.sync_timeout if timeout is None else timeout)
-        except ControlError as exc:
-            if tolerate_gone and exc.code == "not_publishable" and "deleted" in exc.message:
-                logger.warning("vfsd: %s; the checkpoints naming it cannot be resumed on "
-                               "another worker", exc.message)
-                return
-            if exc.code not in ("timeout", "not_publishable"):
-                raise
-            consequence = ("its checkpoint is stored but cannot be resumed on another "
-                           "worker yet" if stored else "so the checkpoint was not stored")
-            raise SnapshotNotPublished(
-                f"snapshot {snapshot} is not published, {consequence}: {exc.message}",
-                snapshot=snapshot, reason=exc.message) from None
-
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every snapshot a stored checkpoint names is published
         (`publish="behind"`); SnapshotNotPublished if they are not all in
         within `timeout` seconds in total (default `sync_timeout`; this call's
         only, later puts keep `sync_timeout`)."""
-        if self._publish_mode() == "off":
-            return
         timeout = self.sync_timeout if timeout is None else float(timeout)
         if timeout <= 0:
             raise ValueError(f"timeout must be a positive number, not {timeout!r}")
         deadline = time.monotonic() + timeout
-        while True:
-            with self._lock:
-                if not self._unpublished:
-                    return
-                oldest = self._unpublished[0]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                reason = f"flush's {timeout:g} s ran out before it was published"
-                raise SnapshotNotPublished(
-                    f"snapshot {oldest} is not published, its checkpoint is stored but "
-                    f"cannot be resumed on another worker yet: {reason}", snapshot=oldest,
-                    reason=reason)
-            self._sync(oldest, tolerate_gone=True, timeout=left, stored=True)
-            with self._lock:
-                if self._unpublished and self._unpublished[0] == oldest:
-                    self._unpublished.popleft()
+        with self._threads_lock:
+            waiting = [tf.record.thread for tf in self._threads.values() if tf.unpublished]
+        for thread in waiting:
+            if thread is None:
+                continue
+            with self._thread_files(thread) as tf:
+                if tf.publish_mode() != "off":
+                    tf.flush(deadline, timeout)
 
     async def aflush(self, timeout: float | None = None) -> None:
         await asyncio.to_thread(self.flush, timeout)
-
-    def _resume_elsewhere(self, tup: CheckpointTuple, version: FilesVersion,
-                          state: Mapping[str, Any]) -> str | None:
-        """Bring a checkpoint's files from the bucket into a run dir that holds
-        nothing yet. None when done; else why it could not be."""
-        remote = ((tup.metadata or {}).get("vfsd") or {}).get("remote")
-        if not remote:
-            try:
-                remote = (self.mount.remote() or {}).get("url")
-            except ControlError:
-                remote = None
-        if not remote or not version.run:
-            return "it was not published to an object store"
-        if state.get("last") or state.get("base"):
-            return (f"it is published in {remote}, and this run dir already holds other "
-                    f"files: resume it in an empty run dir (vfsd mount RUN_DIR --remote "
-                    f"{remote} --from {version.run}@{version.snapshot})")
-        try:
-            self.mount.resume_from(version.run, version.snapshot, remote=remote)
-        except (MountError, ControlError) as exc:
-            return f"resuming it from {remote} failed: {exc}"
-        self._mode = None  # the mount has a remote now
-        logger.info("vfsd: resumed %s@%s from %s for checkpoint %s", version.run,
-                    version.snapshot, remote, tup.checkpoint["id"])
-        return None
-
-    def _after_put(self, plan: _PutPlan, checkpoint_id: str, version: FilesVersion) -> None:
-        with self._lock:
-            if plan.moves_position:
-                self._set_position(checkpoint_id, version)
-            passed = self._record.pins.get(plan.parent_id) if plan.parent_id else None
-            interrupted = checkpoint_id in self._pin_on_put
-        if passed is not None:
-            # Unpinned before the record forgets it: an interrupt in between
-            # leaves a record to release again (harmless), never a lost pin.
-            if not passed.get("was_pinned") and not self._pinned_by_record(
-                passed["snapshot"], besides=plan.parent_id
-            ):
-                self._unpin(passed["snapshot"])
-            with self._lock:
-                if self._record.pins.pop(plan.parent_id, None) is not None:
-                    self._record.save()
-        if interrupted:  # its interrupt's writes came first
-            self._pin_interrupt({"configurable": {"checkpoint_id": checkpoint_id}}, version)
 
     def put_writes(
         self,
@@ -899,8 +616,11 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             self.saver.put_writes(config, writes, task_id, task_path)
         else:
             self.saver.put_writes(config, writes, task_id)
-        if _has_interrupt(config, writes) and not self._pin_when_known(config):
-            self._pin_interrupt(config, self._version_of(config))
+        if _has_interrupt(config, writes):
+            checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
+            with self._thread_files(thread_of(config)) as tf:
+                if not tf.pin_when_known(checkpoint_id):
+                    tf.pin_interrupt(checkpoint_id, self._version_of(config))
 
     async def aput_writes(
         self,
@@ -913,191 +633,249 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             await self.saver.aput_writes(config, writes, task_id, task_path)
         else:
             await self.saver.aput_writes(config, writes, task_id)
-        if _has_interrupt(config, writes) and not await asyncio.to_thread(
-            self._pin_when_known, config
-        ):
-            version = await self._aversion_of(config)
-            await asyncio.to_thread(self._pin_interrupt, config, version)
-
-    def _pin_when_known(self, config: RunnableConfig) -> bool:
-        """Pin now if this wrapper's `put` has decided the checkpoint's files
-        (True); else mark it so that `put` pins it (False: the saver may hold it
-        already, written by another process). LangGraph sends a step's writes
-        without waiting for the `put` of their checkpoint, which itself waits
-        for the previous put."""
-        checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
-        if not checkpoint_id:
-            return True
-        with self._lock:
-            known = self._versions.get(checkpoint_id)
-            if known is None:
-                self._pin_on_put.add(checkpoint_id)
-                return False
-        self._pin_interrupt(config, known)
-        return True
-
-    def _pin_interrupt(self, config: RunnableConfig, version: FilesVersion | None) -> None:
-        checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
-        if version is None or not checkpoint_id:
+        if not _has_interrupt(config, writes):
             return
-        with self._lock:
-            self._pin_on_put.discard(checkpoint_id)
-            if checkpoint_id in self._record.pins:
-                return
-            try:
-                listed = {s["id"]: s for s in self.mount.snapshots()}
-                if version.snapshot not in listed:
-                    logger.warning(
-                        "vfsd: checkpoint %s waits at an interrupt but its snapshot %s is gone",
-                        checkpoint_id,
-                        version.snapshot,
-                    )
-                    return
-                # A pin one of our own records holds is ours to release, not the user's.
-                was_pinned = bool(listed[version.snapshot].get("pinned")) and not \
-                    self._pinned_by_record(version.snapshot)
-            except ControlError as exc:
-                logger.warning("vfsd: could not pin %s: %s", version.snapshot, exc)
-                return
-            # Recorded before pinning: an interrupt (KeyboardInterrupt, a
-            # cancelled task's thread cut short) between the two then leaves a
-            # record whose release unpins, never a pin nothing releases.
-            self._record.pins[checkpoint_id] = {
-                "snapshot": version.snapshot,
-                "was_pinned": was_pinned,
-            }
-            self._record.save()
-            if was_pinned:
-                return
-            try:
-                self.mount.pin_snapshot(version.snapshot, True)
-            except ControlError as exc:
-                logger.warning("vfsd: could not pin %s: %s", version.snapshot, exc)
-                del self._record.pins[checkpoint_id]
-                self._record.save()
+        checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
+        thread = thread_of(config)
+        with contextlib.ExitStack() as stack:
+            tf = await asyncio.to_thread(stack.enter_context, self._thread_files(thread))
+            if not await asyncio.to_thread(tf.pin_when_known, checkpoint_id):
+                version = await self._aversion_of(config)
+                await asyncio.to_thread(tf.pin_interrupt, checkpoint_id, version)
+            await asyncio.to_thread(stack.close)
 
-    def _pinned_by_record(self, snapshot_id: str, besides: str | None = None) -> bool:
-        """Whether a recorded interrupt pin (other than checkpoint `besides`'s)
-        pinned `snapshot_id`: two checkpoints may name one snapshot."""
-        with self._lock:
-            return any(
-                pin["snapshot"] == snapshot_id and not pin.get("was_pinned")
-                for checkpoint_id, pin in self._record.pins.items()
-                if checkpoint_id != besides
-            )
-
-    def _unpin(self, snapshot_id: str) -> None:
-        try:
-            self.mount.pin_snapshot(snapshot_id, False)
-        except ControlError as exc:
-            if exc.code != "not_found":
-                logger.warning("vfsd: could not unpin %s: %s", snapshot_id, exc)
+    # -- thread lifecycle ------------------------------------------------------------------
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints; if it is the thread this run dir
-        serves, the run dir is free for another (its files stay)."""
+        """Delete the thread's checkpoints, then its files: with a Runs, its
+        run dir, files and snapshots go; with one Mount, the run dir is free
+        for another thread (its files stay)."""
         self.saver.delete_thread(thread_id)
-        self._release(str(thread_id))
+        self._delete_files(thread_key(thread_id))
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self.saver.adelete_thread(thread_id)
-        await asyncio.to_thread(self._release, str(thread_id))
+        await asyncio.to_thread(self._delete_files, thread_key(thread_id))
 
-    def _release(self, thread_id: str) -> None:
-        with self._lock:
-            self._reload()
-            if self._record.thread != thread_id:
-                return
-            # Unpinned first, then forgotten: an interrupt in between leaves
-            # the record, and the next release unpins again.
-            for pin in list(self._record.pins.values()):
-                if not pin.get("was_pinned"):
-                    self._unpin(pin["snapshot"])
-            self._record.clear()
-            self._versions.clear()
-            self._pin_on_put.clear()
+    def _delete_files(self, thread: str) -> None:
+        if self.runs is None:
+            with self._thread_files(thread) as tf:
+                tf.release(thread)
+            return
+        with self._threads_lock:
+            key = str(self.runs.run_dir(thread) / ".vfsd")
+            tf = self._threads.pop(key, None)
+        if tf is not None:
+            tf.record.close()
+        self.runs.delete(thread)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Give `target_thread_id` the source's checkpoints (through the saver's
+        own list/put/put_writes, so on any saver), files and snapshots (with a
+        Runs: a copy of the source's run dir that shares its content)."""
+        source, target = thread_key(source_thread_id), thread_key(target_thread_id)
+        if source == target:
+            raise ValueError("copy_thread: the source and the target are the same thread")
+        tuples = sorted(self.saver.list({"configurable": {"thread_id": source_thread_id}}),
+                        key=lambda t: t.checkpoint["id"])
+        self._copy_files(source, target, bool(tuples))
+        for tup in tuples:
+            stored = self.saver.put(*_copy_args(tup, target_thread_id))
+            for task_id, writes in _writes_by_task(tup):
+                self.saver.put_writes(stored, writes, task_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        source, target = thread_key(source_thread_id), thread_key(target_thread_id)
+        if source == target:
+            raise ValueError("copy_thread: the source and the target are the same thread")
+        tuples = [t async for t in self.saver.alist(
+            {"configurable": {"thread_id": source_thread_id}})]
+        tuples.sort(key=lambda t: t.checkpoint["id"])
+        await asyncio.to_thread(self._copy_files, source, target, bool(tuples))
+        for tup in tuples:
+            stored = await self.saver.aput(*_copy_args(tup, target_thread_id))
+            for task_id, writes in _writes_by_task(tup):
+                await self.saver.aput_writes(stored, writes, task_id)
+
+    def _copy_files(self, source: str, target: str, has_checkpoints: bool) -> None:
+        if self.runs is None:
+            raise MountToolError(
+                "copy_thread needs a VfsdCheckpointer on a Runs (mount_tool.runs(ROOT)): one "
+                "Mount serves one thread, and a copy needs a run dir of its own")
+        if not self.runs.exists(source):
+            if has_checkpoints:
+                logger.info("vfsd: thread %r has checkpoints but no files to copy", source[:200])
+            return
+        self.runs.copy(source, target)
+
+    def _release_snapshots(self, threads: Iterable[str]) -> None:
+        """Delete the snapshots of `threads` that no stored checkpoint names any
+        more (after prune and delete_for_runs)."""
+        for thread in threads:
+            if self.runs is not None and not self.runs.exists(thread):
+                continue
+            named = {v.snapshot for v in (
+                FilesVersion.of(t.metadata) for t in
+                self.saver.list({"configurable": {"thread_id": thread, "checkpoint_ns": ""}}))
+                if v is not None}
+            with self._thread_files(thread) as tf:
+                tf.release_unnamed(named)
+
+    async def _arelease_snapshots(self, threads: Iterable[str]) -> None:
+        for thread in threads:
+            if self.runs is not None and not await asyncio.to_thread(self.runs.exists, thread):
+                continue
+            named = set()
+            async for t in self.saver.alist(
+                    {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}):
+                v = FilesVersion.of(t.metadata)
+                if v is not None:
+                    named.add(v.snapshot)
+
+            def release(thread: str = thread, named: set[str] = named) -> None:
+                with self._thread_files(thread) as tf:
+                    tf.release_unnamed(named)
+
+            await asyncio.to_thread(release)
+
+    def _threads_of_runs(self, run_ids: Sequence[str]) -> set[str]:
+        threads: set[str] = set()
+        for run_id in run_ids:
+            for tup in self.saver.list(None, filter={"run_id": run_id}):
+                threads.add(thread_of(tup.config))
+        return threads
+
+    async def _athreads_of_runs(self, run_ids: Sequence[str]) -> set[str]:
+        threads: set[str] = set()
+        for run_id in run_ids:
+            async for tup in self.saver.alist(None, filter={"run_id": run_id}):
+                threads.add(thread_of(tup.config))
+        return threads
 
     # -- bookkeeping -------------------------------------------------------------------------------
-
-    def _reload(self) -> None:
-        """Read the run dir's record again (another process may have used it).
-
-        In place: clones made by `with_allowlist` share the record object.
-        """
-        self._record.load()
-
-    def _bind(self, thread: str) -> None:
-        bound = self._record.thread
-        if bound is None:
-            self._record.thread = thread
-            self._record.save()
-        elif bound != thread:
-            raise ThreadBindingError(
-                f"run dir {self.mount.run_dir} serves graph thread {bound!r}; thread {thread!r} "
-                "cannot use it (its files would overwrite that thread's). Give each thread its "
-                "own run dir (mount_tool.mount(another_run_dir) and a VfsdCheckpointer on it), "
-                "or start the new thread from a snapshot of this one: "
-                "new = mount.fork(snapshot_id, new_run_dir) (snapshot ids of checkpoints: "
-                "VfsdCheckpointer.snapshot_of(config))."
-            )
-
-    def _set_position(self, checkpoint_id: str, version: FilesVersion) -> None:
-        position = {"checkpoint": checkpoint_id, "snapshot": version.snapshot, "run": version.run}
-        if self._record.position != position:
-            self._record.position = position
-            self._record.save_position()
-
-    def _remember(self, checkpoint_id: str, version: FilesVersion) -> None:
-        self._versions[checkpoint_id] = version
-        self._versions.move_to_end(checkpoint_id)
-        while len(self._versions) > SNAPSHOT_CACHE_SIZE:
-            self._versions.popitem(last=False)
 
     def _version_of(self, config: RunnableConfig) -> FilesVersion | None:
         """The files version of the checkpoint `config` addresses (None: none)."""
         checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
         if not checkpoint_id:
             return None
-        with self._lock:
-            known = self._versions.get(checkpoint_id)
+        known = self._known(thread_of(config), checkpoint_id)
         if known is not None:
             return known
         tup = self.saver.get_tuple(_plain(config))
-        return FilesVersion.of(tup.metadata) if tup else None
+        return FilesVersion.of(tup.metadata, strict=True) if tup else None
 
     async def _aversion_of(self, config: RunnableConfig) -> FilesVersion | None:
         checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
         if not checkpoint_id:
             return None
-        with self._lock:
-            known = self._versions.get(checkpoint_id)
+        known = self._known(thread_of(config), checkpoint_id)
         if known is not None:
             return known
         tup = await self.saver.aget_tuple(_plain(config))
-        return FilesVersion.of(tup.metadata) if tup else None
+        return FilesVersion.of(tup.metadata, strict=True) if tup else None
 
 
-@dataclass
-class _PutPlan:
-    """What one `put` does about files, decided in the put's own context."""
-
-    thread: str
-    parent_id: str | None
-    from_run: bool
-    claimed: FilesVersion | None = None
-    needs_parent: bool = False
-    parent: FilesVersion | None = None
-    moves_position: bool = False
-
-    def __post_init__(self) -> None:
-        self.needs_parent = not self.from_run and bool(self.parent_id)
+# The optional capabilities, each present only when the saver has its own.
 
 
-def _with_version(metadata: CheckpointMetadata, version: FilesVersion | None) -> Any:
+def _prune(self: VfsdCheckpointer, thread_ids: Sequence[str], *,
+           strategy: str = "keep_latest") -> None:
+    """The saver's `prune`; then the snapshots of the dropped checkpoints go."""
+    self.saver.prune(thread_ids, strategy=strategy)
+    self._release_snapshots(thread_key(t) for t in thread_ids)
+
+
+async def _aprune(self: VfsdCheckpointer, thread_ids: Sequence[str], *,
+                  strategy: str = "keep_latest") -> None:
+    await self.saver.aprune(thread_ids, strategy=strategy)
+    await self._arelease_snapshots([thread_key(t) for t in thread_ids])
+
+
+def _delete_for_runs(self: VfsdCheckpointer, run_ids: Sequence[str]) -> None:
+    """The saver's `delete_for_runs`; then the snapshots of the dropped checkpoints go."""
+    threads = self._threads_of_runs(run_ids)
+    self.saver.delete_for_runs(run_ids)
+    self._release_snapshots(threads)
+
+
+async def _adelete_for_runs(self: VfsdCheckpointer, run_ids: Sequence[str]) -> None:
+    threads = await self._athreads_of_runs(run_ids)
+    await self.saver.adelete_for_runs(run_ids)
+    await self._arelease_snapshots(threads)
+
+
+_OPTIONAL_METHODS = {
+    "prune": _prune,
+    "aprune": _aprune,
+    "delete_for_runs": _delete_for_runs,
+    "adelete_for_runs": _adelete_for_runs,
+}
+_CLASSES: dict[tuple[type, frozenset[str]], type] = {}
+
+
+_pool: Any = None
+_pool_lock = threading.Lock()
+
+
+def _boundary_pool() -> Any:
+    """The worker threads that take async runs' step-boundary snapshots."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(_BOUNDARY_POOL_SIZE, thread_name_prefix="vfsd-boundary")
+        return _pool
+
+
+def _class_for(cls: type, saver: Any) -> type:
+    """`cls`, or a subclass of it with the optional methods `saver`'s class overrides."""
+    if not isinstance(saver, BaseCheckpointSaver):
+        return cls
+    have = frozenset(name for name in _OPTIONAL_METHODS
+                     if getattr(type(saver), name, None) is not getattr(BaseCheckpointSaver, name))
+    if not have:
+        return cls
+    key = (cls, have)
+    if key not in _CLASSES:
+        methods = {name: _OPTIONAL_METHODS[name] for name in have}
+        _CLASSES[key] = type(cls.__name__, (cls,), {**methods, "__module__": cls.__module__,
+                                                    "__qualname__": cls.__qualname__})
+    return _CLASSES[key]
+
+
+def _copy_args(tup: CheckpointTuple, target_thread_id: str) -> tuple[Any, ...]:
+    """The arguments of the `put` that copies `tup` to the target thread."""
+    conf = tup.config.get("configurable") or {}
+    config: dict[str, Any] = {"configurable": {
+        "thread_id": target_thread_id, "checkpoint_ns": conf.get("checkpoint_ns", "")}}
+    parent = (tup.parent_config or {}).get("configurable") or {}
+    if parent.get("checkpoint_id"):
+        config["configurable"]["checkpoint_id"] = parent["checkpoint_id"]
+    metadata = dict(tup.metadata or {})
+    if "thread_id" in metadata:
+        metadata["thread_id"] = target_thread_id
+    checkpoint = tup.checkpoint
+    return config, checkpoint, metadata, dict(checkpoint.get("channel_versions") or {})
+
+
+def _writes_by_task(tup: CheckpointTuple) -> list[tuple[str, list[tuple[str, Any]]]]:
+    by_task: dict[str, list[tuple[str, Any]]] = {}
+    for task_id, channel, value in tup.pending_writes or ():
+        by_task.setdefault(task_id, []).append((channel, value))
+    return list(by_task.items())
+
+
+def _with_version(metadata: CheckpointMetadata, version: FilesVersion | None,
+                  remote: str | None = None) -> Any:
     # A copy: the loop may reuse its metadata dict for a later checkpoint.
     if version is None:
         return metadata
-    return {**metadata, "vfsd": version.as_metadata()}
+    recorded = version.as_metadata()
+    if remote:
+        recorded["remote"] = remote
+    return {**metadata, "vfsd": recorded}
 
 
 def _has_interrupt(config: RunnableConfig, writes: Sequence[tuple[str, Any]]) -> bool:
@@ -1125,9 +903,9 @@ def _accepts_task_path(method: Any) -> bool:
 _warned_unwrapped: set[int] = set()
 
 
-def warn_if_unwrapped(mount: Mount) -> None:
+def warn_if_unwrapped(files: Mount | Runs) -> None:
     """Log once per checkpointer when the running graph keeps checkpoints
-    without a VfsdCheckpointer on `mount`: its rewinds would not bring the files
+    without a VfsdCheckpointer on `files`: its rewinds would not bring the files
     back. Call from inside a node; does nothing elsewhere."""
     try:
         from langgraph.config import get_config
@@ -1138,12 +916,24 @@ def warn_if_unwrapped(mount: Mount) -> None:
     saver = conf.get("__pregel_checkpointer")
     if not isinstance(saver, BaseCheckpointSaver) or id(saver) in _warned_unwrapped:
         return
-    if isinstance(saver, VfsdCheckpointer) and saver.mount.run_dir == mount.run_dir:
+    inner = getattr(saver, "_inner", saver)  # the LangGraph server's adapter wraps ours
+    if isinstance(inner, VfsdCheckpointer) and _same_files(inner.files, files):
         return
     _warned_unwrapped.add(id(saver))
     logger.warning(
         "vfsd: the graph keeps checkpoints with %s, which does not snapshot %s: a replay, "
-        "fork or resume will not bring the files back; wrap it: VfsdCheckpointer(saver, mount)",
-        type(saver).__name__,
-        mount.run_dir,
+        "fork or resume will not bring the files back; wrap it: VfsdCheckpointer(saver, %s)",
+        type(inner).__name__,
+        files.root if isinstance(files, Runs) else files.run_dir,
+        "runs" if isinstance(files, Runs) else "mount",
     )
+
+
+def _same_files(a: Mount | Runs, b: Mount | Runs) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, Mount) and isinstance(b, Mount):
+        return a.run_dir == b.run_dir
+    if isinstance(a, Runs) and isinstance(b, Runs):
+        return a.root == b.root
+    return False

@@ -1,24 +1,24 @@
 """Deep Agents on a vfsd mount: the file tools and the shell see the same files.
 
-    with mount_tool.mount("runs/42") as m:
-        agent = create_vfsd_deep_agent(m, model)
-        agent.invoke({"messages": [...]})
+    with mount_tool.runs("runs") as runs:     # every thread its own run dir
+        agent = create_vfsd_deep_agent(runs, model, checkpointer=InMemorySaver())
+        agent.invoke({"messages": [...]}, {"configurable": {"thread_id": "t1"}})
 
 Three pieces:
 
-- `VfsdBackend(mount)` implements deepagents' `SandboxBackendProtocol` on the
-  mounted directory: `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`,
+- `VfsdBackend(runs)` implements deepagents' `SandboxBackendProtocol` on the
+  mounted directory of the running thread (or of one Mount): `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`,
   `upload_files`, `download_files` (and their async twins), plus `execute`, a
   shell command run in a sandbox whose `/` is the mount root (mount_tool/
   sandbox.py). Paths are the agent's paths ("/notes/plan.md" is
   `RUN_DIR/fs/notes/plan.md`, for the file tools and the shell alike) and are
   confined to the mount before anything is touched.
-- `VfsdMiddleware(mount)` keeps graph state small. It holds a `files` channel of
+- `VfsdMiddleware(runs)` keeps graph state small. It holds a `files` channel of
   ~150-byte FileRefs (kept in step with the mount after every tool call and
   pruned when the daemon evicts), advances the daemon's step once per model
   turn, and keeps large `write_file`/`edit_file` arguments out of the
   conversation (see "Large tool-call arguments" below).
-- `create_vfsd_deep_agent(mount, model, ...)` wires both into `create_deep_agent`,
+- `create_vfsd_deep_agent(runs, model, ...)` wires both into `create_deep_agent`,
   subagents included.
 
 Large tool-call arguments. A model that writes a 1 MB file puts 1 MB into its
@@ -44,8 +44,9 @@ import json
 import logging
 import os
 import re
+import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, NotRequired
 
@@ -86,6 +87,7 @@ from .offload import (
     safe_file_stem,
 )
 from .refs import FileRef
+from .runs import Runs, lease
 from .sandbox import (
     DEFAULT_ENV_ALLOWLIST,
     ExecLimits,
@@ -119,8 +121,22 @@ def virtual_path(path: str) -> str:
 # -- the backend ----------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class _RunView:
+    """One run dir as a VfsdBackend works on it: the mount, its sandbox, its file tools."""
+
+    mount: Mount
+    root: Path
+    sandbox: Sandbox
+    files: MountFiles
+
+
 class VfsdBackend(SandboxBackendProtocol):
     """deepagents backend whose files live in a vfsd mount, with a sandboxed shell on it.
+
+    `files` is a `Runs` (every call works on the running thread's own run
+    dir, found from the config LangGraph sets for the tool call: one backend
+    serves every thread of a graph) or one `Mount`.
 
     File operations follow deepagents' own local-filesystem semantics (glob and
     grep rules, line windows, error texts), but resolve every path beneath the
@@ -136,16 +152,20 @@ class VfsdBackend(SandboxBackendProtocol):
     system's directories are read-only, /tmp is private, the network is off
     (`network=True` turns it on), the environment is an allowlist plus `env`,
     and `limits` bound wall time, CPU time, memory, processes and output. Every
-    process a command started is gone when `execute` returns.
+    process a command started is gone when `execute` returns; a thread's
+    commands see that thread's files only.
     `isolation="none"` runs commands on the host instead (opt-in, by name).
     Without bubblewrap, `execute` returns an error that says what to install.
     stderr lines are marked `[stderr] `; output over `offload_threshold_tokens`
     is saved to `large_tool_results/` in the mount and replaced by a preview.
     """
 
+    #: run views kept (a view holds no daemon, only the sandbox's probe result)
+    VIEWS_KEPT = 1024
+
     def __init__(
         self,
-        mount: Mount,
+        files: Mount | Runs,
         *,
         default_timeout: float | None = None,
         max_output_bytes: int | None = None,
@@ -157,6 +177,8 @@ class VfsdBackend(SandboxBackendProtocol):
         env_allowlist: Iterable[str] = DEFAULT_ENV_ALLOWLIST,
         bwrap: str = "bwrap",
     ) -> None:
+        if not isinstance(files, Mount | Runs):
+            raise TypeError(f"files must be a mount_tool Mount or Runs, not {type(files)!r}")
         limits = limits or ExecLimits(output_bytes=DEFAULT_MAX_OUTPUT_BYTES)
         if default_timeout is not None:
             if default_timeout <= 0:
@@ -166,26 +188,70 @@ class VfsdBackend(SandboxBackendProtocol):
             if max_output_bytes <= 0:
                 raise ValueError(f"max_output_bytes must be positive, got {max_output_bytes}")
             limits = dataclasses.replace(limits, output_bytes=max_output_bytes)
-        self.mount = mount
-        self.root = Path(os.path.realpath(mount.root))
+        self.files = files
         self.offload_threshold_tokens = offload_threshold_tokens
-        self.sandbox = Sandbox(
-            self.root,
-            isolation=isolation,
-            network=network,
-            limits=limits,
-            env=dict(env or {}),
-            env_allowlist=tuple(env_allowlist),
-            bwrap=bwrap,
-        )
-        self._files = MountFiles(mount.root_fd, lambda p: mount.relative(p.lstrip("/") or "."))
+        self._sandbox_options = {
+            "isolation": isolation,
+            "network": network,
+            "limits": limits,
+            "env": dict(env or {}),
+            "env_allowlist": tuple(env_allowlist),
+            "bwrap": bwrap,
+        }
+        # What every run's sandbox shares (limits, isolation, the prompt note).
+        self._template = Sandbox(files.root, **self._sandbox_options)
+        self._views: dict[str, _RunView] = {}
+        self._views_lock = threading.Lock()
         self._id = f"vfsd-{uuid.uuid4().hex[:8]}"
         # The shell runs as root without capabilities: mode bits bind it, so the
         # file tools honour them too and both see the same files the same way.
         self._dac = isolation == "bwrap" and os.geteuid() == 0
-        reason = self.sandbox.unavailable_reason()
-        if reason:
-            logger.warning("%s", reason)
+        if isinstance(files, Mount):
+            reason = self._view(files).sandbox.unavailable_reason()
+            if reason:
+                logger.warning("%s", reason)
+
+    @property
+    def mount(self) -> Mount:
+        """The Mount of the one-mount form (AttributeError with a Runs)."""
+        if not isinstance(self.files, Mount):
+            raise AttributeError("this VfsdBackend serves a Runs: runs.get(thread_id)")
+        return self.files
+
+    @property
+    def root(self) -> Path:
+        """The mount root of the one-mount form (AttributeError with a Runs)."""
+        return self._view(self.mount).root
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The sandbox of the one-mount form; with a Runs, the settings every
+        thread's sandbox shares (its root is ROOT, never used to run)."""
+        if isinstance(self.files, Mount):
+            return self._view(self.files).sandbox
+        return self._template
+
+    def _view(self, m: Mount) -> _RunView:
+        key = str(m.run_dir)
+        with self._views_lock:
+            view = self._views.get(key)
+            if view is not None and view.mount is m:
+                return view
+        root = Path(os.path.realpath(m.root))
+        view = _RunView(
+            m, root, Sandbox(root, **self._sandbox_options),
+            MountFiles(m.root_fd, lambda p: m.relative(p.lstrip("/") or ".")))
+        with self._views_lock:
+            if len(self._views) >= self.VIEWS_KEPT:
+                self._views.pop(next(iter(self._views)))
+            self._views[key] = view
+        return view
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[_RunView]:
+        """The running call's run: its mount held for the call."""
+        with lease(self.files) as m:
+            yield self._view(m)
 
     @property
     def id(self) -> str:
@@ -195,29 +261,36 @@ class VfsdBackend(SandboxBackendProtocol):
     @property
     def isolation(self) -> str:
         """`bwrap`, `none`, or `unavailable` (bwrap asked for but not usable here)."""
-        return "unavailable" if self.sandbox.unavailable_reason() else self.sandbox.isolation
+        sandbox = self.sandbox if isinstance(self.files, Mount) else self._template
+        if isinstance(self.files, Mount) and sandbox.unavailable_reason():
+            return "unavailable"
+        return sandbox.isolation
 
     @property
     def default_timeout(self) -> float:
         """Wall-time limit of a command when `execute` gets no timeout (seconds)."""
-        return self.sandbox.limits.timeout
+        return self._template.limits.timeout
 
     @property
     def max_output_bytes(self) -> int:
         """Output kept per command; the rest is counted and dropped."""
-        return self.sandbox.limits.output_bytes
+        return self._template.limits.output_bytes
 
     def sandbox_info(self) -> dict[str, Any]:
-        """Which isolation and limits are in force for `execute`, and what enforces each."""
-        return self.sandbox.info()
+        """Which isolation and limits are in force for `execute`, and what enforces each
+        (with a Runs: for the running thread's run dir)."""
+        if isinstance(self.files, Mount):
+            return self.sandbox.info()
+        with self._use() as v:
+            return v.sandbox.info()
 
     def prompt_note(self) -> str:
         """The path convention and limits, as a system prompt section for the model."""
-        return self.sandbox.prompt_note()
+        return self._template.prompt_note()
 
     # -- paths --------------------------------------------------------------
 
-    def _confine(self, path: str | None) -> str:
+    def _confine(self, v: _RunView, path: str | None) -> str:
         """The normalized virtual path of `path`; ValueError if the file tools may not use it.
 
         Accepts absolute virtual paths ("/a/b", "/" when None or empty); with
@@ -227,14 +300,14 @@ class VfsdBackend(SandboxBackendProtocol):
         ...), which inside `execute` are not the run's files.
         """
         raw = "/" if path in (None, "") else str(path)
-        root = str(self.root)
-        if self.sandbox.isolation == "none" and (raw == root or raw.startswith(root + "/")):
+        root = str(v.root)
+        if v.sandbox.isolation == "none" and (raw == root or raw.startswith(root + "/")):
             raw = raw[len(root) :] or "/"
         if not raw.startswith("/"):
             raise ValueError(f"paths must be absolute (start with '/'), got {raw!r}")
         relative = raw.lstrip("/") or "."
         # Raises ValueError for `..` escapes, NUL bytes and symlinks leading out.
-        self.mount.resolve_path(relative)
+        v.mount.resolve_path(relative)
         normalized = os.path.normpath("/" + relative)
         normalized = "/" if normalized in ("/.", "//") else normalized
         reason = reserved_reason(normalized)
@@ -242,15 +315,12 @@ class VfsdBackend(SandboxBackendProtocol):
             raise ValueError(reason)
         return normalized
 
-    def _real(self, virtual: str) -> Path:
-        return self.mount.resolve_path(virtual.lstrip("/") or ".")
-
-    def _check_access(self, virtual: str, *, write: bool = False) -> None:
+    def _check_access(self, v: _RunView, virtual: str, *, write: bool = False) -> None:
         """PermissionError when the sandboxed shell could not read (write) this file."""
         if not self._dac:
             return
         try:
-            st = os.stat(self._real(virtual))
+            st = os.stat(v.mount.resolve_path(virtual.lstrip("/") or "."))
         except FileNotFoundError:
             return
         if not _mode_allows(st, 2 if write else 4):
@@ -268,7 +338,8 @@ class VfsdBackend(SandboxBackendProtocol):
         deepagents' sandbox backends list them.
         """
         try:
-            result = self._files.ls(self._confine(path))
+            with self._use() as v:
+                result = v.files.ls(self._confine(v, path))
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return LsResult(error=f"Cannot list '{path}': {_reason(exc)}")
         for entry in result.entries or ():
@@ -283,9 +354,10 @@ class VfsdBackend(SandboxBackendProtocol):
         without a final newline, and binary files over 500 KiB are refused.
         """
         try:
-            virtual = self._confine(file_path)
-            self._check_access(virtual)
-            result = self._files.read(virtual, offset, limit)
+            with self._use() as v:
+                virtual = self._confine(v, file_path)
+                self._check_access(v, virtual)
+                result = v.files.read(virtual, offset, limit)
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return ReadResult(error=f"Error reading file '{file_path}': {_reason(exc)}")
         data = result.file_data
@@ -309,25 +381,28 @@ class VfsdBackend(SandboxBackendProtocol):
     ) -> GrepResult:
         """Literal (not regex) search in the files under `path` (default: the whole mount)."""
         try:
-            return self._files.grep(pattern, self._confine(path), glob, max_count)
+            with self._use() as v:
+                return v.files.grep(pattern, self._confine(v, path), glob, max_count)
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return GrepResult(error=f"Error searching path '{path}': {_reason(exc)}", matches=[])
 
     def glob(self, pattern: str, path: str | None = None) -> GlobResult:
         """Files matching `pattern` under `path`, with deepagents' glob rules."""
         try:
-            return self._files.glob(pattern, self._confine(path))
+            with self._use() as v:
+                return v.files.glob(pattern, self._confine(v, path))
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return GlobResult(error=f"Error: '{path}': {_reason(exc)}")
 
     def write(self, file_path: str, content: str) -> WriteResult:
         """Create or overwrite a file (parent directories are created)."""
         try:
-            virtual = self._confine(file_path)
-            if virtual == "/":
-                raise IsADirectoryError("/ is the mount root")
-            self._check_access(virtual, write=True)
-            self.mount.write(virtual.lstrip("/"), content)
+            with self._use() as v:
+                virtual = self._confine(v, file_path)
+                if virtual == "/":
+                    raise IsADirectoryError("/ is the mount root")
+                self._check_access(v, virtual, write=True)
+                v.mount.write(virtual.lstrip("/"), content)
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return WriteResult(error=f"Error writing file '{file_path}': {_reason(exc)}")
         return WriteResult(path=virtual)
@@ -341,9 +416,10 @@ class VfsdBackend(SandboxBackendProtocol):
     ) -> EditResult:
         """Replace `old_string` (unique unless `replace_all`) with `new_string`."""
         try:
-            virtual = self._confine(file_path)
-            self._check_access(virtual, write=True)
-            return self._files.edit(virtual, old_string, new_string, replace_all)
+            with self._use() as v:
+                virtual = self._confine(v, file_path)
+                self._check_access(v, virtual, write=True)
+                return v.files.edit(virtual, old_string, new_string, replace_all)
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return EditResult(error=f"Error editing file '{file_path}': {_reason(exc)}")
 
@@ -351,36 +427,45 @@ class VfsdBackend(SandboxBackendProtocol):
         """Delete a file, or a directory and everything under it (a symlink is
         removed itself, never followed)."""
         try:
-            return self._files.delete(self._confine(file_path))
+            with self._use() as v:
+                return v.files.delete(self._confine(v, file_path))
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return DeleteResult(error=f"Error deleting '{file_path}': {_reason(exc)}")
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
         """Write each (path, bytes) pair; one response per input, in order."""
         responses = []
-        for path, data in files:
-            try:
-                virtual = self._confine(path)
-                if virtual == "/":
-                    raise IsADirectoryError(path)
-                self._check_access(virtual, write=True)
-                self.mount.write(virtual.lstrip("/"), data)
-                responses.append(FileUploadResponse(path=path))
-            except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
-                responses.append(FileUploadResponse(path=path, error=_error_code(exc)))
+        try:
+            with self._use() as v:
+                for path, data in files:
+                    try:
+                        virtual = self._confine(v, path)
+                        if virtual == "/":
+                            raise IsADirectoryError(path)
+                        self._check_access(v, virtual, write=True)
+                        v.mount.write(virtual.lstrip("/"), data)
+                        responses.append(FileUploadResponse(path=path))
+                    except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
+                        responses.append(FileUploadResponse(path=path, error=_error_code(exc)))
+        except Exception as exc:  # noqa: BLE001 - no run to write to: every file fails
+            return [FileUploadResponse(path=path, error=_error_code(exc)) for path, _ in files]
         return responses
 
     def download_files(self, paths: list[str]) -> list[FileDownloadResponse]:
         """Read each path's bytes; one response per input, in order."""
         responses = []
-        for path in paths:
-            try:
-                virtual = self._confine(path)
-                self._check_access(virtual)
-                content = self._files.download(virtual)
-                responses.append(FileDownloadResponse(path=path, content=content))
-            except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
-                responses.append(FileDownloadResponse(path=path, error=_error_code(exc)))
+        try:
+            with self._use() as v:
+                for path in paths:
+                    try:
+                        virtual = self._confine(v, path)
+                        self._check_access(v, virtual)
+                        content = v.files.download(virtual)
+                        responses.append(FileDownloadResponse(path=path, content=content))
+                    except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
+                        responses.append(FileDownloadResponse(path=path, error=_error_code(exc)))
+        except Exception as exc:  # noqa: BLE001 - no run to read from: every file fails
+            return [FileDownloadResponse(path=path, error=_error_code(exc)) for path in paths]
         return responses
 
     # -- SandboxBackendProtocol ---------------------------------------------------
@@ -390,25 +475,33 @@ class VfsdBackend(SandboxBackendProtocol):
 
         `timeout` in seconds (None: the default; 0: no wall-time limit). A
         timed-out command is killed, with everything it started, and exit code
-        124 returned with the output so far.
+        124 returned with the output so far. The command sees the running
+        thread's files only.
         """
         if not command or not isinstance(command, str):
             return ExecuteResponse(output="Error: Command must be a non-empty string.", exit_code=1)
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be non-negative, got {timeout}")
         try:
-            result = self.sandbox.run(command, timeout)
+            with self._use() as v:
+                return self._execute(v, command, timeout)
+        except (MountToolError, ValueError, RuntimeError) as exc:
+            return ExecuteResponse(output=f"Error: {exc}", exit_code=126)
+
+    def _execute(self, v: _RunView, command: str, timeout: int | None) -> ExecuteResponse:
+        try:
+            result = v.sandbox.run(command, timeout)
         except SandboxUnavailable as exc:
             return ExecuteResponse(output=f"Error: {exc}", exit_code=126)
-        output = _describe_run(result, self.sandbox.limits, timeout)
+        output = _describe_run(result, v.sandbox.limits, timeout)
         try:
             output = offload_tool_output(
-                self.mount,
+                v.mount,
                 output,
                 f"execute-{uuid.uuid4().hex[:12]}",
                 threshold_tokens=self.offload_threshold_tokens,
                 # The paths its hints give are the ones the next command sees.
-                root_shown="/" if self.sandbox.isolation == "bwrap" else None,
+                root_shown="/" if v.sandbox.isolation == "bwrap" else None,
             )
         except (OSError, ValueError, MountToolError) as exc:
             # The command ran: its output must reach the agent, cut if need be.
@@ -530,31 +623,45 @@ class VfsdMiddleware(AgentMiddleware):
 
     def __init__(
         self,
-        mount: Mount,
+        files: Mount | Runs,
         *,
         compact_threshold_chars: int = DEFAULT_COMPACT_THRESHOLD_CHARS,
         advance_step: bool = True,
         prompt_note: str | None = None,
     ) -> None:
         super().__init__()
+        if not isinstance(files, Mount | Runs):
+            raise TypeError(f"files must be a mount_tool Mount or Runs, not {type(files)!r}")
         if compact_threshold_chars < 1:
             raise ValueError("compact_threshold_chars must be positive")
-        self.mount = mount
+        self.files = files
         self.compact_threshold_chars = compact_threshold_chars
         self.advance_step = advance_step
-        self.prompt_note = Sandbox(mount.root).prompt_note() if prompt_note is None else prompt_note
+        self.prompt_note = Sandbox(files.root).prompt_note() if prompt_note is None else prompt_note
         self.tools = []
+
+    @property
+    def mount(self) -> Mount:
+        """The Mount of the one-mount form (AttributeError with a Runs)."""
+        if not isinstance(self.files, Mount):
+            raise AttributeError("this VfsdMiddleware serves a Runs: runs.get(thread_id)")
+        return self.files
 
     # -- keeping `files` true --------------------------------------------------
 
-    def sync_files(self, files: Mapping[str, Any], since_step: int) -> dict[str, FileRef | None]:
-        """The `files` update for what changed in the mount from `since_step` on.
+    def sync_files(self, files: Mapping[str, Any], since_step: int,
+                   mount: Mount | None = None) -> dict[str, FileRef | None]:
+        """The `files` update for what changed in the mount (default: the
+        running thread's) from `since_step` on.
 
         Changed files get their current ref; a ref whose inode was removed
         (unlinked or evicted) gets None unless the same update re-creates its path.
         """
+        if mount is None:
+            with lease(self.files) as m:
+                return self.sync_files(files, since_step, m)
         # The daemon's `since` is inclusive: files stamped with since_step are listed.
-        delta = self.mount.changes(since_step)
+        delta = mount.changes(since_step)
         view: dict[str, Any] = dict(files)
         updates: dict[str, FileRef | None] = {}
         for ref in delta["changed"]:
@@ -570,12 +677,16 @@ class VfsdMiddleware(AgentMiddleware):
         return updates
 
     def _turn_update(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
-        warn_if_unwrapped(self.mount)
+        with lease(self.files) as m:
+            return self._turn_update_on(m, state)
+
+    def _turn_update_on(self, m: Mount, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        warn_if_unwrapped(self.files)
         files = state.get("files") or {}
-        step = self.mount.get_step()
-        updates = self.sync_files(files, step)
+        step = m.get_step()
+        updates = self.sync_files(files, step, m)
         if self.advance_step:
-            report = self.mount.set_step(step + 1)
+            report = m.set_step(step + 1)
             evicted = {rec["ino"] for rec in report.get("evicted", [])}
             view = {**files, **updates}
             for key, ref in view.items():
@@ -612,21 +723,27 @@ class VfsdMiddleware(AgentMiddleware):
         )
 
     def _compact_response(self, response: Any) -> Any:
+        if not _has_big_args(response, self.compact_threshold_chars):
+            return response  # nothing to stage: no mount needed
+        with lease(self.files) as m:
+            return self._compact(m, response)
+
+    def _compact(self, m: Mount, response: Any) -> Any:
         if isinstance(response, AIMessage):
-            return self._compact_message(response)
+            return self._compact_message(m, response)
         if isinstance(response, ModelResponse):
             return ModelResponse(
-                result=[self._compact_message(m) for m in response.result],
+                result=[self._compact_message(m, msg) for msg in response.result],
                 structured_response=response.structured_response,
             )
         if isinstance(response, ExtendedModelResponse):
             return ExtendedModelResponse(
-                model_response=self._compact_response(response.model_response),
+                model_response=self._compact(m, response.model_response),
                 command=response.command,
             )
         return response
 
-    def _compact_message(self, message: Any) -> Any:
+    def _compact_message(self, m: Mount, message: Any) -> Any:
         if not isinstance(message, AIMessage) or not message.tool_calls:
             return message
         replaced: dict[str, dict[str, str]] = {}  # tool call id -> {arg: marker}
@@ -641,7 +758,7 @@ class VfsdMiddleware(AgentMiddleware):
             markers = {}
             for n, text in big.items() if call.get("id") else ():
                 try:
-                    markers[n] = self._stage(call, n, text)
+                    markers[n] = self._stage(m, call, n, text)
                 except (OSError, ValueError, MountToolError) as exc:
                     # A full mount must not fail the model call: keep the text inline.
                     logger.warning("could not stage %s of %s: %s", n, call["id"], exc)
@@ -651,12 +768,12 @@ class VfsdMiddleware(AgentMiddleware):
             return message
         return message.model_copy(update=_with_markers(message, replaced))
 
-    def _stage(self, call: Mapping[str, Any], arg: str, text: str) -> str:
+    def _stage(self, m: Mount, call: Mapping[str, Any], arg: str, text: str) -> str:
         staged = f"/{STAGING_DIR}/{safe_file_stem(call['id'])}.{arg}"
-        ref = self.mount.write(staged.lstrip("/"), text)
+        ref = m.write(staged.lstrip("/"), text)
         # A call that never runs leaves its staged copy to eviction.
         with contextlib.suppress(ControlError):
-            self.mount.set_status(ref, "done")
+            m.set_status(ref, "done")
         target = (call.get("args") or {}).get("file_path", "?")
         what = "content written to" if arg == "content" else f"{arg} of the edit to"
         return (
@@ -668,11 +785,10 @@ class VfsdMiddleware(AgentMiddleware):
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Restore staged arguments, run the tool, record the files it changed."""
-        restored = self._restore(request)
-        if isinstance(restored, ToolMessage):
-            return restored
-        request, staged = restored
-        before = self.mount.get_step()
+        begun = self._begin_tool(request)
+        if isinstance(begun, ToolMessage):
+            return begun
+        request, staged, before = begun
         try:
             result = handler(request)
         finally:
@@ -681,18 +797,25 @@ class VfsdMiddleware(AgentMiddleware):
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Async `wrap_tool_call`; mount I/O runs in worker threads."""
-        restored = await asyncio.to_thread(self._restore, request)
-        if isinstance(restored, ToolMessage):
-            return restored
-        request, staged = restored
-        before = await asyncio.to_thread(self.mount.get_step)
+        begun = await asyncio.to_thread(self._begin_tool, request)
+        if isinstance(begun, ToolMessage):
+            return begun
+        request, staged, before = begun
         try:
             result = await handler(request)
         finally:
             await asyncio.to_thread(self._unstage, staged)
         return await asyncio.to_thread(self._with_files, result, request, before)
 
-    def _restore(self, request: Any) -> tuple[Any, list[str]] | ToolMessage:
+    def _begin_tool(self, request: Any) -> tuple[Any, list[str], int] | ToolMessage:
+        """Before a tool runs: its staged arguments put back, and the step it starts at."""
+        with lease(self.files) as m:
+            restored = self._restore(m, request)
+            if isinstance(restored, ToolMessage):
+                return restored
+            return (*restored, m.get_step())
+
+    def _restore(self, m: Mount, request: Any) -> tuple[Any, list[str]] | ToolMessage:
         call = request.tool_call
         names = BODY_ARGS.get(call.get("name"), ())
         args = dict(call.get("args") or {})
@@ -704,10 +827,10 @@ class VfsdMiddleware(AgentMiddleware):
                 continue
             path, expected = match.groups()
             try:
-                data = self.mount.read_bytes(path.lstrip("/"))
+                data = m.read_bytes(path.lstrip("/"))
             except (OSError, ValueError):
                 data = None
-            if data is None or self.mount.hash_of(data) != expected:
+            if data is None or m.hash_of(data) != expected:
                 return ToolMessage(
                     content=(
                         f"Error: the {name} argument was kept in the mount at {path}, "
@@ -723,13 +846,15 @@ class VfsdMiddleware(AgentMiddleware):
             return request, []
         return request.override(tool_call={**call, "args": args}), staged
 
-    def _unstage(self, staged: Iterable[str]) -> None:
-        for path in staged:
+    def _unstage(self, staged: list[str]) -> None:
+        if not staged:
+            return
+        with lease(self.files) as m:
+            for path in staged:
+                with contextlib.suppress(OSError, ValueError):
+                    m.remove(path.lstrip("/"))
             with contextlib.suppress(OSError, ValueError):
-                self.mount.remove(path.lstrip("/"))
-        if staged:
-            with contextlib.suppress(OSError, ValueError):
-                self.mount.remove(STAGING_DIR, directory=True)  # only when empty
+                m.remove(STAGING_DIR, directory=True)  # only when empty
 
     def _with_files(self, result: Any, request: Any, since_step: int) -> Any:
         if request.tool_call.get("name") in READ_ONLY_TOOLS:
@@ -774,6 +899,27 @@ def _with_command(response: Any, update: dict[str, Any] | None) -> Any:
     if isinstance(response, AIMessage):
         response = ModelResponse(result=[response])
     return ExtendedModelResponse(model_response=response, command=Command(update=update))
+
+
+def _messages_of(response: Any) -> list[Any]:
+    if isinstance(response, AIMessage):
+        return [response]
+    if isinstance(response, ModelResponse):
+        return list(response.result)
+    if isinstance(response, ExtendedModelResponse):
+        return _messages_of(response.model_response)
+    return []
+
+
+def _has_big_args(response: Any, threshold: int) -> bool:
+    """Whether a model response has a file-body argument longer than `threshold`."""
+    for message in _messages_of(response):
+        for call in getattr(message, "tool_calls", None) or ():
+            args = call.get("args") or {}
+            for name in BODY_ARGS.get(call.get("name"), ()):
+                if isinstance(args.get(name), str) and len(args[name]) > threshold:
+                    return True
+    return False
 
 
 def _is_staged(key: str) -> bool:
@@ -849,7 +995,7 @@ def _patch_json(arguments: Any, markers: Mapping[str, str]) -> Any:
 
 
 def create_vfsd_deep_agent(
-    mount: Mount,
+    files: Mount | Runs,
     model: Any,
     *,
     middleware: Iterable[Any] = (),
@@ -858,7 +1004,8 @@ def create_vfsd_deep_agent(
     subagents: Iterable[Any] | None = None,
     **kwargs: Any,
 ) -> Any:
-    """`create_deep_agent` with a `VfsdBackend` on `mount` and a `VfsdMiddleware`.
+    """`create_deep_agent` with a `VfsdBackend` and a `VfsdMiddleware` on `files`
+    (a `Runs`: every thread its own run dir; or one `Mount`).
 
     Subagents run the same middleware: the general-purpose subagent (which
     deepagents would otherwise build with its default middleware only) and
@@ -866,7 +1013,7 @@ def create_vfsd_deep_agent(
     `VfsdMiddleware` itself. Compiled and async subagents are built elsewhere
     and are passed on unchanged. The system prompts get the backend's path
     convention (`VfsdBackend.prompt_note`). A `checkpointer` is wrapped in a
-    `VfsdCheckpointer` on `mount` (unless it is one already), so a replayed,
+    `VfsdCheckpointer` on `files` (unless it is one already), so a replayed,
     forked or resumed thread finds its files as they were. Other keyword
     arguments go to `create_deep_agent` unchanged.
     """
@@ -875,13 +1022,13 @@ def create_vfsd_deep_agent(
 
     saver = kwargs.get("checkpointer")
     if isinstance(saver, BaseCheckpointSaver) and not isinstance(saver, VfsdCheckpointer):
-        kwargs["checkpointer"] = VfsdCheckpointer(saver, mount)
-    backend = VfsdBackend(mount, **dict(backend_options or {}))
+        kwargs["checkpointer"] = VfsdCheckpointer(saver, files)
+    backend = VfsdBackend(files, **dict(backend_options or {}))
     note = backend.prompt_note()
 
     def vfsd_middleware() -> VfsdMiddleware:
         return VfsdMiddleware(
-            mount, compact_threshold_chars=compact_threshold_chars, prompt_note=note
+            files, compact_threshold_chars=compact_threshold_chars, prompt_note=note
         )
 
     specs = [_with_vfsd_middleware(spec, vfsd_middleware) for spec in subagents or ()]

@@ -3,9 +3,13 @@
     class State(TypedDict):
         files: FilesChannel
 
-    graph.add_node("vfsd_step", make_step_node(m))   # advance step, evict, prune refs
-    graph.add_node("vfsd_sync", make_sync_node(m))   # refs for files the shell wrote
-    app = graph.compile(checkpointer=VfsdCheckpointer(InMemorySaver(), m))
+    runs = mount_tool.runs("runs")                       # one run dir per thread
+    graph.add_node("vfsd_step", make_step_node(runs))   # advance step, evict, prune refs
+    graph.add_node("vfsd_sync", make_sync_node(runs))   # refs for files the shell wrote
+    app = graph.compile(checkpointer=VfsdCheckpointer(InMemorySaver(), runs))
+
+Each takes a `Runs` (every call works on the files of the running node's
+thread) or one `Mount` (a graph with one thread).
 
 `VfsdCheckpointer` (mount_tool.checkpointer) makes each checkpoint hold its
 files: a replay, a fork or a resumed thread finds the mount as it was. Graph state holds only ~150-byte references, so a checkpoint's size depends on
@@ -26,6 +30,7 @@ from .checkpointer import VfsdCheckpointer
 from .errors import ControlError, SnapshotUnavailable, ThreadBindingError
 from .mount import Mount
 from .refs import FileRef, as_ref
+from .runs import Runs, lease
 
 __all__ = [
     "FilesChannel",
@@ -97,7 +102,7 @@ def _still_at(mount: Mount, ref: Mapping[str, Any]) -> bool:
 
 
 def make_step_node(
-    mount: Mount, files_key: str = "files"
+    files: Mount | Runs, files_key: str = "files"
 ) -> Callable[[Any, RunnableConfig], dict[str, Any]]:
     """A node that moves the daemon's step to LangGraph's and prunes evicted refs.
 
@@ -110,6 +115,10 @@ def make_step_node(
     lock = threading.Lock()
 
     def vfsd_step(state: Any, config: RunnableConfig) -> dict[str, Any]:
+        with lease(files) as mount:
+            return step(mount, state, config)
+
+    def step(mount: Mount, state: Any, config: RunnableConfig) -> dict[str, Any]:
         target = langgraph_step(config)
         try:
             report = mount.set_step(target)
@@ -123,20 +132,20 @@ def make_step_node(
         with lock:
             since = last_step_seen.get(thread)
             last_step_seen[thread] = int(report.get("step", target))
-        files = _files_of(state, files_key)
-        if files:
+        refs = _files_of(state, files_key)
+        if refs:
             # Evictions outside set_step (quota on write, explicit evict) are in the log.
             for rec in mount.evicted(limit=EVICTION_LOG_WINDOW):
                 if since is None or rec.get("evicted_step", 0) >= since:
                     evicted.add(rec["ino"])
-        gone = {key: None for key, ref in files.items() if ref and ref.get("ino") in evicted}
+        gone = {key: None for key, ref in refs.items() if ref and ref.get("ino") in evicted}
         return {files_key: gone} if gone else {}
 
     return vfsd_step
 
 
 def write_artifact(
-    mount: Mount,
+    files: Mount | Runs,
     path: str,
     data: bytes | str,
     files_key: str = "files",
@@ -147,15 +156,17 @@ def write_artifact(
 
     `status="done"` marks the file done right away (evicted after the
     retention window). The key is the mount-relative path the daemon reports.
+    With a Runs, the file goes to the running node's thread.
     """
-    ref = mount.write(path, data)
-    if status is not None:
-        ref = mount.set_status(ref, status)
+    with lease(files) as mount:
+        ref = mount.write(path, data)
+        if status is not None:
+            ref = mount.set_status(ref, status)
     return {files_key: {ref["path"]: ref}}
 
 
 def make_sync_node(
-    mount: Mount, files_key: str = "files"
+    files: Mount | Runs, files_key: str = "files"
 ) -> Callable[[Any, RunnableConfig], dict[str, Any]]:
     """A node that adds refs for files changed since its last run and drops removed ones.
 
@@ -168,6 +179,10 @@ def make_sync_node(
     lock = threading.Lock()
 
     def vfsd_sync(state: Any, config: RunnableConfig) -> dict[str, Any]:
+        with lease(files) as mount:
+            return sync(mount, state, config)
+
+    def sync(mount: Mount, state: Any, config: RunnableConfig) -> dict[str, Any]:
         thread = _thread_of(config)
         with lock:
             since = synced_step.get(thread, 0)

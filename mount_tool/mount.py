@@ -534,10 +534,13 @@ class Mount:
         """Where the live tree stands: {"base": the snapshot it comes from (the
         last taken or restored; None before the first), "changed": whether it
         changed since, "last": the newest snapshot, "run": this run's id,
-        "forked_from": {"run", "snapshot"} for a forked run dir, else None}."""
+        "forked_from": {"run", "snapshot"} for a forked run dir, else None,
+        "copied_from": [{"run", "upto"}] for a copied one (its snapshots up to
+        `upto` are that run's, under the same ids), else []}."""
         doc = self.client.call("snapshots")
         doc.pop("snapshots", None)
         doc.setdefault("forked_from", None)
+        doc.setdefault("copied_from", [])
         return doc
 
     def restore(self, snapshot_id: str) -> dict[str, Any]:

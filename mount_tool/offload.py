@@ -27,6 +27,7 @@ from langgraph.types import Command
 from .errors import MountToolError
 from .mount import Mount
 from .refs import FileRef
+from .runs import Runs, lease
 
 CHARS_PER_TOKEN = 4
 DEFAULT_THRESHOLD_TOKENS = 20_000
@@ -322,7 +323,7 @@ def _how_to_read(kind: str, relative: str, absolute: str) -> str:
 
 
 def offload_content(
-    mount: Mount,
+    files: Mount | Runs,
     content: str,
     tool_call_id: str,
     *,
@@ -338,9 +339,11 @@ def offload_content(
     kind, preview = describe_content(content)
     extension = {"json": ".json", "jsonl": ".jsonl", "log": ".log"}.get(kind, ".txt")
     relative = f"{dir.strip('/')}/{safe_file_stem(tool_call_id)}{extension}"
-    ref = mount.write(relative, content)
+    with lease(files) as mount:
+        ref = mount.write(relative, content)
+        host_path = str(mount.resolve_path(ref["path"]))
     if root_shown is None:
-        absolute = str(mount.resolve_path(ref["path"]))
+        absolute = host_path
     else:  # the sandbox's view: the host path is neither there nor to be shown
         absolute = posixpath.join(root_shown, ref["path"])
     lines = content.count("\n") + (0 if content.endswith("\n") else 1)
@@ -381,7 +384,7 @@ def cut_unsaved(
 
 
 def offload_tool_output(
-    mount: Mount,
+    files: Mount | Runs,
     content: str,
     tool_call_id: str,
     *,
@@ -396,10 +399,11 @@ def offload_tool_output(
     (0, 1] meaning that fraction of `model.profile["max_input_tokens"]`. The
     file goes to `dir/<safe name from tool_call_id>.<json|jsonl|log|txt>`.
     `root_shown` is the mount root as the reader's commands see it ("/" in a
-    bwrap sandbox); by default the message gives host paths.
+    bwrap sandbox); by default the message gives host paths. With a Runs, the
+    file goes to the running call's thread.
     """
     message, _ = offload_content(
-        mount, content, tool_call_id, threshold_tokens=threshold_tokens, dir=dir, model=model,
+        files, content, tool_call_id, threshold_tokens=threshold_tokens, dir=dir, model=model,
         root_shown=root_shown,
     )
     return message
@@ -426,7 +430,8 @@ def _text_of(content: Any) -> str | None:
 
 
 class OffloadMiddleware(AgentMiddleware):
-    """Agent middleware that offloads large ToolMessage results to the mount.
+    """Agent middleware that offloads large ToolMessage results to the mount
+    (`files`: a Runs, for the running thread's, or one Mount).
 
     `threshold_tokens` as in `offload_tool_output`. With a fractional
     threshold the context window comes from `model`, or else from the model
@@ -439,7 +444,7 @@ class OffloadMiddleware(AgentMiddleware):
 
     def __init__(
         self,
-        mount: Mount,
+        files: Mount | Runs,
         threshold_tokens: int | float = DEFAULT_THRESHOLD_TOKENS,
         *,
         dir: str = DEFAULT_DIR,
@@ -448,7 +453,9 @@ class OffloadMiddleware(AgentMiddleware):
         root_shown: str | None = None,
     ) -> None:
         super().__init__()
-        self.mount = mount
+        if not isinstance(files, Mount | Runs):
+            raise TypeError(f"files must be a mount_tool Mount or Runs, not {type(files)!r}")
+        self.files = files
         self.threshold_tokens = threshold_tokens
         self.dir = dir
         self.model = model
@@ -463,7 +470,7 @@ class OffloadMiddleware(AgentMiddleware):
             return message
         try:
             new_text = offload_tool_output(
-                self.mount,
+                self.files,
                 text,
                 message.tool_call_id or "call",
                 threshold_tokens=self.threshold_tokens,
@@ -504,6 +511,13 @@ class OffloadMiddleware(AgentMiddleware):
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         self._learn_model(request)
         return await handler(request)
+
+    @property
+    def mount(self) -> Mount:
+        """The Mount of the one-mount form (AttributeError with a Runs)."""
+        if not isinstance(self.files, Mount):
+            raise AttributeError("this OffloadMiddleware serves a Runs: runs.get(thread_id)")
+        return self.files
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         return self._offload_result(handler(request), request.tool_call.get("name"))

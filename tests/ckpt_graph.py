@@ -26,7 +26,7 @@ from typing import Annotated, Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
-from mount_tool import Mount
+from mount_tool import Mount, Runs
 from mount_tool.langgraph import FilesChannel, make_step_node, write_artifact
 
 #: mount options the graph's eviction timing assumes
@@ -56,12 +56,13 @@ def observe(mount: Mount) -> str:
     return f"a={content.strip()};ls={','.join(sorted(listing.split()))}"
 
 
-def build(mount: Mount) -> StateGraph:
-    """The graph builder (compile it with a checkpointer)."""
+def build(mount: Mount | Runs) -> StateGraph:
+    """The graph builder (compile it with a checkpointer). With a Runs, each
+    thread works on its own run dir."""
 
     def work(state: State) -> dict[str, Any]:
         i = state.get("i", 0)
-        seen = observe(mount)
+        seen = observe(mount.current() if isinstance(mount, Runs) else mount)
         if state.get("pause_at") == i:
             interrupt(f"about to run iteration {i}")
         variant = state.get("variant", "")

@@ -448,6 +448,7 @@ def test_mount_snapshot_api(mnt, tmp_path):
         "changed": False,
         "run": mnt.snapshot_state()["run"],
         "forked_from": None,
+        "copied_from": [],
     }
     mnt.write("notes.md", "two")
     mnt.write("extra.txt", "x")

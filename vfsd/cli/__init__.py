@@ -39,6 +39,7 @@ from . import (  # noqa: F401  (registers the verbs)
     eviction,
     fsck,
     gc,
+    lifecycle,
     mount,
     ref,
     remote,

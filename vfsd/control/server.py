@@ -105,6 +105,7 @@ class ControlServer:
             "snapshot": self.op_snapshot, "snapshots": self.op_snapshots,
             "snapshot_delete": self.op_snapshot_delete, "snapshot_pin": self.op_snapshot_pin,
             "restore": self.op_restore, "diff": self.op_diff, "fork": self.op_fork,
+            "copy": self.op_copy,
             "locate": self.op_locate, "sync": self.op_sync,
             "publish_status": self.op_publish_status,
         }
@@ -510,6 +511,9 @@ class ControlServer:
     async def op_fork(self, req: dict) -> dict:
         return await self.daemon.snapservice.fork(self._snapshot_id(req),
                                                   _arg(req, "run_dir", str))
+
+    async def op_copy(self, req: dict) -> dict:
+        return await self.daemon.snapservice.copy(_arg(req, "run_dir", str))
 
     def op_locate(self, req: dict) -> dict:
         ref = _arg(req, "ref", dict)

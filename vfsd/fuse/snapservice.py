@@ -81,22 +81,29 @@ class SnapshotService:
         """Take a snapshot; with `reuse`, answer the base snapshot instead when
         the live tree has not changed since it (exact, and no new record)."""
         async with self.lock:
-            await self._quiesce()
-            self._settle_rest()
-            rec = self._unchanged_base(pinned) if reuse else None
-            if rec is not None:
+            rec = await self._snapshot_locked(pinned, label, reuse)
+            if rec.get("reused"):
                 return rec
-            if not self.store.tracking and \
-                    self.store.counters()["inodes_allocated"] > self.FIRST_IN_ONE_GO:
-                rec = await self._first_in_steps(pinned, label)
-            else:
-                rec = self.snaps.create(pinned=pinned, label=label)
-            rec["deleted"] = self._retention()
         remote = getattr(self.daemon, "remote", None)
         if remote is not None:
             remote.kick()  # published in the background (vfsd.remote.publisher)
         log.info("snapshot", id=rec["id"], entries=rec["entries"],
                  duration_ms=rec["duration_ms"], deleted=rec["deleted"])
+        return rec
+
+    async def _snapshot_locked(self, pinned: bool, label: str, reuse: bool) -> dict:
+        """`snapshot` with the lock held."""
+        await self._quiesce()
+        self._settle_rest()
+        rec = self._unchanged_base(pinned) if reuse else None
+        if rec is not None:
+            return rec
+        if not self.store.tracking and \
+                self.store.counters()["inodes_allocated"] > self.FIRST_IN_ONE_GO:
+            rec = await self._first_in_steps(pinned, label)
+        else:
+            rec = self.snaps.create(pinned=pinned, label=label)
+        rec["deleted"] = self._retention()
         return rec
 
     async def _first_in_steps(self, pinned: bool, label: str) -> dict:
@@ -237,6 +244,45 @@ class SnapshotService:
         return {"run_dir": name, "store": str(store.dir), "volume": name,
                 "run": dest.run_id, "snapshot": ident, "files": dest.counters()["files"]}
 
+    async def copy(self, run_dir: str) -> dict:
+        """A new volume for the run dir `run_dir` holding this one's files as
+        they are now and its whole snapshot history, under the same snapshot
+        ids (a copied graph thread: its checkpoints name those snapshots).
+        Content is shared, never copied."""
+        new = self._check_fork_path(run_dir)
+        await trio.to_thread.run_sync(self._check_fork_target, new)
+        store, snaps, name = self.store, self.snaps, str(new.path)
+        async with self.lock:
+            rec = await self._snapshot_locked(False, "copied", True)
+            seq = parse_id(rec["id"])
+            retained = [s["seq"] for s in snaps.list()]
+            for s in retained:
+                snaps.held[s] += 1
+            try:
+                origins = self._copied_from() + [{"run": store.run_id, "upto": seq}]
+                dest = self._new_volume(name, rec, copied_from=origins)
+                okeys = await trio.to_thread.run_sync(self._visible, seq)
+                for _done, _total in snaps.copy_into(seq, dest, okeys):
+                    await trio.sleep(0)
+                for _table, _n in snaps.copy_history(dest, seq):
+                    await trio.sleep(0)
+                with store.txn(write=True) as txn:
+                    meta = store.db["meta"]
+                    txn.put(dest._vp + b"step", int(rec.get("live_step", rec["step"])).to_bytes(8, "big"), db=meta)
+                    for key in (b"snap_seq", b"snap_base"):
+                        txn.put(dest._vp + key, seq.to_bytes(8, "big"), db=meta)
+                    txn.delete(dest._vp + b"incomplete", db=meta)
+            finally:
+                for s in retained:
+                    snaps.held[s] -= 1
+                    if not snaps.held[s]:
+                        del snaps.held[s]
+        await trio.to_thread.run_sync(self._record_run_dir, new, name)
+        log.info("copied", run_dir=name, snapshot=rec["id"], snapshots=len(retained))
+        return {"run_dir": name, "store": str(store.dir), "volume": name, "run": dest.run_id,
+                "snapshot": rec["id"], "snapshots": len(retained),
+                "files": dest.counters()["files"]}
+
     def _record_run_dir(self, new: RunDir, volume: str) -> None:
         new.state.mkdir(parents=True, exist_ok=True, mode=0o700)
         new.record_store(self.store.dir, volume)
@@ -272,7 +318,7 @@ class SnapshotService:
         if new.mountpoint.exists() and any(new.mountpoint.iterdir()):
             raise SnapshotError(f"{new.mountpoint} is not empty")
 
-    def _new_volume(self, name: str, rec: dict):
+    def _new_volume(self, name: str, rec: dict, *, copied_from: list | None = None):
         store = self.store
         if name in store.volumes():
             view = store.view(name)
@@ -284,16 +330,32 @@ class SnapshotService:
         dest = store.view(name)
         with store.txn(write=True) as txn:
             txn.put(dest._vp + b"incomplete", (1).to_bytes(8, "big"), db=store.db["meta"])
-            txn.put(dest._vp + b"forked_from",
-                    json.dumps({"run": self.store.run_id, "snapshot": rec["id"]}).encode(),
-                    db=store.db["meta"])
+            if copied_from is None:
+                txn.put(dest._vp + b"forked_from",
+                        json.dumps({"run": self.store.run_id, "snapshot": rec["id"]}).encode(),
+                        db=store.db["meta"])
+            else:
+                txn.put(dest._vp + b"copied_from", json.dumps(copied_from).encode(),
+                        db=store.db["meta"])
         return dest
 
     # --------------------------------------------------------- read-only
 
     def list(self) -> dict:
         return {"snapshots": self.snaps.list(), **self.snaps.state(),
-                "run": self.store.run_id, "forked_from": self._forked_from()}
+                "run": self.store.run_id, "forked_from": self._forked_from(),
+                "copied_from": self._copied_from()}
+
+    def _copied_from(self) -> list[dict]:
+        """[{"run", "upto"}]: the runs whose snapshots up to `upto` this volume
+        holds as its own (a copy, or a copy of a copy), oldest first."""
+        with self.store.txn() as txn:
+            raw = txn.get(self.store._vp + b"copied_from", db=self.store.db["meta"])
+        try:
+            got = json.loads(bytes(raw)) if raw is not None else []
+        except ValueError:
+            return []
+        return [o for o in got if isinstance(o, dict)] if isinstance(got, list) else []
 
     def _forked_from(self) -> dict | None:
         """{"run", "snapshot"} this volume was forked from, or None."""

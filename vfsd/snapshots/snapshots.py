@@ -891,6 +891,53 @@ class Snapshots:
         with dest.txn(write=True) as txn:
             txn.put(dest._vp + b"next_ino", _U64.pack(next_ino), db=dest.db["meta"])
 
+    #: the tables of a volume's snapshot history, and where each key holds its seq
+    _HISTORY = {"snap": "head", "sgone": "head", "sgen": "head", "sver": "tail"}
+
+    def copy_history(self, dest: Store, upto: int, *, batch: int = 2000):
+        """Copy this volume's snapshot history (records, deletion notes, version
+        entries of every snapshot up to `upto`) into volume `dest` of the same
+        store, which then has the same snapshots under the same ids (a copied
+        thread). Each entry copied takes a reference on the content it names;
+        no content is copied.
+
+        A generator (one batch per step), like `copy_into`: the caller holds
+        every retained snapshot (`held`) and takes no snapshot meanwhile.
+        Run it after `copy_into` has made the live tree (snapshot `upto`).
+        """
+        st = self.store
+        src, dst = self._vb, _U32.pack(dest.vol)
+        for table, where in self._HISTORY.items():
+            db = self.db[table]
+            after = src
+            while True:
+                with st.txn() as txn:
+                    rows = []
+                    cur = txn.cursor(db=db)
+                    found = cur.set_range(after)
+                    while found and len(rows) < batch:
+                        key = bytes(cur.key())
+                        if key[:4] != src:
+                            break
+                        if key != after:
+                            rows.append((key, bytes(cur.value())))
+                        found = cur.next()
+                if not rows:
+                    break
+                with dest.txn(write=True) as txn:
+                    refs: Counter = Counter()
+                    for key, value in rows:
+                        seq_raw = key[4:12] if where == "head" else key[-8:]
+                        if _U64.unpack(seq_raw)[0] > upto:
+                            continue
+                        txn.put(dst + key[4:], value, db=db)
+                        if table == "sver":
+                            for ref in entry_refs(key[4:-8], value):
+                                refs[ref] += 1
+                    dest.apply_refs(txn, refs)
+                after = rows[-1][0]
+                yield table, len(rows)
+
     def _visible_okeys(self, txn, seq: int) -> list[bytes]:
         """Objects that exist at snapshot `seq`."""
         out = []

@@ -1,0 +1,213 @@
+"""Runs: one run dir per graph thread under one root, on real mounts and real graphs.
+
+One Runs (one shared store) serves the whole module, as one serves a LangGraph
+server: every test uses threads of its own in it. Graphs are tests/ckpt_graph.py's
+(what a node "sees" is what `cat`/`ls` print in the thread's mount); the saver is
+InMemorySaver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+from ckpt_graph import AFTER_V2, MOUNT_OPTIONS, at_step, build, observe  # noqa: E402
+from conftest import tree, vfsd_cli  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+
+import mount_tool  # noqa: E402
+from mount_tool import SnapshotUnavailable, ThreadIdError  # noqa: E402
+from mount_tool.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
+from mount_tool.runs import THREAD_RECORD, thread_dir_name  # noqa: E402
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
+
+ORIGINAL = ["0:a=;ls=", "1:a=v1;ls=a.txt,c.txt", "2:a=v2;ls=a.txt,c.txt", "3:a=v3;ls=a.txt"]
+HOSTILE_IDS = ["../x", "../../etc", "/etc/passwd", "x" * 2000, "a\x00b", "\n\t\x1b[31mred",
+               "", ".", "..", "é/ü", "\ud800", " spaced "]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    with mount_tool.runs(root, max_mounted=8, **MOUNT_OPTIONS) as r:
+        yield r
+
+
+def config(thread: str) -> dict:
+    return {"configurable": {"thread_id": thread}}
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_hostile_thread_ids_get_runs_of_their_own(runs):
+    # Every id maps to a name made of its hash, directly under ROOT/threads.
+    dirs = {runs.run_dir(thread) for thread in HOSTILE_IDS}
+    assert len(dirs) == len(HOSTILE_IDS)
+    for thread in HOSTILE_IDS:
+        run_dir = runs.run_dir(thread)
+        assert run_dir.parent == runs.root / "threads"
+        assert run_dir.name == thread_dir_name(thread) and run_dir.name.startswith("t")
+    # Real mounts for the worst of them: each its own files, its id recorded inside.
+    mounted = ["../x", "", "a\x00b", "x" * 2000, "\ud800"]
+    for i, thread in enumerate(mounted):
+        with runs.use(thread) as m:
+            m.write("id.txt", f"{i}")
+            assert os.path.realpath(m.root).startswith(str(runs.root) + "/threads/")
+        doc = json.loads((runs.run_dir(thread) / THREAD_RECORD).read_text())
+        assert doc["thread_id"] == thread  # the id as given
+    assert set(mounted) <= set(runs.threads())
+    for i, thread in enumerate(mounted):
+        with runs.use(thread) as m:
+            assert (m.root / "id.txt").read_text() == f"{i}"
+    # Nothing was made outside ROOT/threads and ROOT/store.
+    assert sorted(p.name for p in runs.root.iterdir()) == ["store", "threads"]
+    for bad in (None, 1.5, b"bytes", ["x"], True):
+        with pytest.raises(ThreadIdError):
+            runs.use(bad).__enter__()
+    with pytest.raises(ThreadIdError, match="at most"):
+        runs.use("x" * (64 * 1024 + 1)).__enter__()
+    # A run dir whose record names another thread is refused, never shared.
+    victim = runs.run_dir("victim")
+    victim.mkdir(parents=True)
+    (victim / THREAD_RECORD).write_text(json.dumps({"version": 1, "thread_id": "someone"}))
+    with pytest.raises(mount_tool.MountToolError, match="refusing to mix"):
+        runs.get("victim")
+    with pytest.raises(ThreadIdError, match="no thread_id"):
+        runs.thread_of({"configurable": {}})
+
+
+def test_one_graph_serves_many_threads(runs):
+    saver = VfsdCheckpointer(InMemorySaver(), runs)
+    app = build(runs).compile(checkpointer=saver)
+    threads = [fresh("t"), "../escape", fresh("t")]
+    for thread in threads:
+        assert app.invoke({"i": 0}, config(thread))["seen"] == ORIGINAL
+        assert observe(runs.get(thread)) == "a=v3;ls=a.txt,b.txt"
+    # Time travel in each thread brings back its own files, whatever the others did.
+    for thread in threads:
+        past = at_step(app, config(thread), AFTER_V2)
+        assert app.invoke(None, past.config)["seen"][2] == "2:a=v2;ls=a.txt,c.txt"
+    labels = [s["label"] for s in runs.get(threads[0]).snapshots()]
+    assert any(label.startswith(threads[0]) and " ckpt " in label for label in labels), labels
+
+
+async def test_async_threads_at_once(runs):
+    import asyncio
+
+    app = build(runs).compile(checkpointer=VfsdCheckpointer(InMemorySaver(), runs))
+    threads = [fresh("async") for _ in range(6)]
+
+    async def one(thread: str) -> None:
+        out = await app.ainvoke({"i": 0}, config(thread))
+        assert out["seen"] == ORIGINAL
+        past = None
+        async for state in app.aget_state_history(config(thread)):
+            if state.metadata.get("step") == AFTER_V2:
+                past = state
+        replay = await app.ainvoke(None, past.config)
+        assert replay["seen"][2] == "2:a=v2;ls=a.txt,c.txt"
+
+    await asyncio.gather(*(one(t) for t in threads))
+    for thread in threads:  # the replays ran on to the end
+        assert observe(runs.get(thread)) == "a=v3;ls=a.txt,b.txt"
+
+
+def test_copy_and_delete_thread(runs):
+    saver = VfsdCheckpointer(InMemorySaver(), runs)
+    app = build(runs).compile(checkpointer=saver)
+    source, copy = fresh("src"), fresh("copy")
+    app.invoke({"i": 0}, config(source))
+    big = os.urandom(3 << 20)  # chunked content: shared by the copy, never copied
+    with runs.use(source) as m:
+        m.write("big.bin", big)
+    chunks_before = json.loads(vfsd_cli("status", runs.run_dir(source), "--json").stdout)
+    saver.copy_thread(source, copy)
+    # The copy has the checkpoints, the files and the history.
+    assert [s.values for s in app.get_state_history(config(copy))] == \
+        [s.values for s in app.get_state_history(config(source))]
+    assert tree(runs.get(copy).root) == tree(runs.get(source).root)
+    assert [s["id"] for s in runs.get(copy).snapshots()] == \
+        [s["id"] for s in runs.get(source).snapshots()]
+    copied = runs.get(copy).snapshot_state()["base"]  # the files as they were copied
+    with runs.use(copy) as m:
+        assert m.read_bytes("big.bin") == big
+    chunks_after = json.loads(vfsd_cli("status", runs.run_dir(copy), "--json").stdout)
+    assert (chunks_after["chunk_count"], chunks_after["chunk_bytes"]) == \
+        (chunks_before["chunk_count"], chunks_before["chunk_bytes"])  # the store's, shared
+    # Time travel on the copy, and the copy diverges without touching the source.
+    past = at_step(app, config(copy), AFTER_V2)
+    assert app.invoke(None, past.config)["seen"][2] == "2:a=v2;ls=a.txt,c.txt"
+    assert observe(runs.get(source)) == "a=v3;ls=a.txt,b.txt,big.bin"
+    # Deleting the source removes its run dir, files and volume; the copy stays whole.
+    saver.delete_thread(source)
+    assert not runs.run_dir(source).exists() and source not in runs.threads()
+    assert list(saver.list(config(source))) == []
+    past = at_step(app, config(copy), AFTER_V2)
+    assert app.invoke(None, past.config)["seen"][2] == "2:a=v2;ls=a.txt,c.txt"
+    with runs.use(copy) as m:  # content the source held too is still there
+        m.restore(copied)
+        assert m.read_bytes("big.bin") == big
+    # A thread copied onto one that has files is refused; copying nothing gives nothing.
+    with pytest.raises(mount_tool.MountToolError, match="already has files"):
+        runs.copy(copy, HOSTILE_IDS[0])
+    assert runs.copy(fresh("nobody"), fresh("x")) is None
+
+
+def test_idle_run_dirs_are_unmounted_and_come_back(tmp_path):
+    with mount_tool.runs(tmp_path / "lru", max_mounted=1) as few:
+        threads = [fresh("idle") for _ in range(3)]
+        for i, thread in enumerate(threads):
+            with few.use(thread) as m:
+                m.write("n.txt", str(i))
+        deadline = time.monotonic() + 60
+        while len(few.mounted()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(few.mounted()) == 1  # the bound, reached in the background
+        assert few.counts["unmounts"] >= 2
+        for i, thread in enumerate(threads):  # mounted again on their next use
+            with few.use(thread) as m:
+                assert (m.root / "n.txt").read_text() == str(i)
+
+
+def test_hostile_checkpoint_metadata(runs):
+    """A checkpoint store is input: metadata naming another thread's run, a
+    snapshot that does not exist, or garbage never restores anyone's files."""
+    inner = InMemorySaver()
+    saver = VfsdCheckpointer(inner, runs)
+    app = build(runs).compile(checkpointer=saver)
+    victim, attacker = fresh("victim"), fresh("attacker")
+    app.invoke({"i": 0}, config(victim))
+    app.invoke({"i": 0}, config(attacker))
+    victim_run = runs.get(victim).snapshot_state()["run"]
+    victim_files = tree(runs.get(victim).root)
+    attacker_files = tree(runs.get(attacker).root)
+    past = at_step(app, config(attacker), AFTER_V2)
+    tup = inner.get_tuple(past.config)
+    forged = {
+        "another thread's run": {"run": victim_run, "snapshot": "s2", "step": 2},
+        "a snapshot that does not exist": {**tup.metadata["vfsd"], "snapshot": "s999999"},
+    }
+    for what, vfsd in forged.items():
+        stored = inner.put(tup.parent_config, tup.checkpoint | {"id": str(uuid.uuid4())},
+                           {**tup.metadata, "vfsd": vfsd}, {})
+        with pytest.raises(SnapshotUnavailable) as err:
+            app.invoke(None, stored)
+        assert "cannot be restored" in str(err.value), what
+        assert tree(runs.get(attacker).root) == attacker_files, what  # nothing changed
+    for garbage in ({"run": "../../x", "snapshot": "s1"}, {"snapshot": "../s1"},
+                    {"snapshot": "s1", "step": "many"}, "s1", ["s1"]):
+        stored = inner.put(tup.parent_config, tup.checkpoint | {"id": str(uuid.uuid4())},
+                           {**tup.metadata, "vfsd": garbage}, {})
+        with pytest.raises(BadFilesMetadata):
+            app.invoke(None, stored)
+        assert tree(runs.get(attacker).root) == attacker_files
+    assert tree(runs.get(victim).root) == victim_files
