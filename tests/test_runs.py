@@ -157,8 +157,10 @@ def test_copy_and_delete_thread(runs):
         m.restore(copied)
         assert m.read_bytes("big.bin") == big
     # A thread copied onto one that has files is refused; copying nothing gives nothing.
+    occupied = fresh("occupied")
+    runs.get(occupied)
     with pytest.raises(mount_tool.MountToolError, match="already has files"):
-        runs.copy(copy, HOSTILE_IDS[0])
+        runs.copy(copy, occupied)
     assert runs.copy(fresh("nobody"), fresh("x")) is None
 
 
