@@ -204,9 +204,10 @@ class Sandbox:
             if not (self.root / name).is_dir():
                 return (
                     f"execute is not available: the run's files have no /{name} mount point. "
-                    "The vfsd daemon serving this mount predates the sandbox's mount points "
-                    "(or a file named {name} sits at the root): remount the run dir with this "
-                    "version of vfsd."
+                    f"Either an entry named {name!r} that is not a directory sits at the root "
+                    "(made before the name was reserved: rename it), or the vfsd daemon "
+                    "serving this mount predates the sandbox's mount points (remount the run "
+                    "dir with this version of vfsd)."
                 )
         # The options of a real run, so an old bwrap or a missing kernel feature
         # shows here, once, with bwrap's own words.

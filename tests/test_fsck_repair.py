@@ -102,3 +102,47 @@ def test_repair_leaves_a_store_that_stays_clean(tmp_path, seed):
         assert rep.clean, (kind, rep.problems)
     finally:
         store.close()
+
+
+def _status_9(store, txn, f, d):
+    inode = store._get_inode(txn, f)
+    inode.status = 9
+    store._put_inode(txn, inode)
+
+
+def _huge(store, txn, f, d):
+    inode = store._get_inode(txn, f)
+    inode.size = (1 << 63) - 1
+    store._put_inode(txn, inode)
+
+
+def _two_names(store, txn, f, d):
+    store._add_entry(txn, ROOT_INO, b"again", d)
+
+
+def _inside_itself(store, txn, f, d):
+    store._del_entry(txn, ROOT_INO, b"d")
+    store._add_entry(txn, d, b"loop", d)
+
+
+def _big_xattr(store, txn, f, d):
+    txn.put(store._key(f) + b"user.x", bytes(1 << 20), db=store.db["xattr"])
+
+
+@pytest.mark.parametrize("damage, why", [
+    (_status_9, "status 9"), (_huge, "largest file"), (_two_names, "has 2 names"),
+    (_inside_itself, "reached from the root"), (_big_xattr, "xattr value"),
+])
+def test_fsck_checks_the_invariants_an_import_checks(tmp_path, damage, why):
+    # One definition (vfsd/store/invariants.py) for fsck and `mount --from`.
+    store = Store(tmp_path / "s")
+    try:
+        f = store.create(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0).ino
+        d = store.create(ROOT_INO, b"d", stat.S_IFDIR | 0o755, 0, 0).ino
+        assert fsck(store).clean
+        with store.txn(write=True) as txn:
+            damage(store, txn, f, d)
+        problems = fsck(store).problems
+        assert any(why in p for p in problems), problems
+    finally:
+        store.close()

@@ -26,3 +26,12 @@ LMDB_MAP_SIZE = 1 << 38
 STATE_DIRNAME = ".vfsd"
 #: Name of the mountpoint inside a run dir.
 MOUNT_DIRNAME = "fs"
+
+#: Mount points of mount_tool's execute sandbox, which makes the mount root
+#: its `/` (mount_tool/sandbox.py keeps the same list).
+SANDBOX_MOUNT_POINTS = (b"bin", b"dev", b"etc", b"lib", b"lib32", b"lib64", b"libx32", b"proc",
+                        b"run", b"sbin", b"tmp", b"usr")
+#: Names the mount root serves itself (`.vfsd/` and the sandbox's mount
+#: points): local operations refuse real entries with these names at the
+#: root, and so does an import.
+RESERVED_ROOT_NAMES = frozenset({STATE_DIRNAME.encode(), *SANDBOX_MOUNT_POINTS})

@@ -134,16 +134,17 @@ class Daemon:
         if self.config.remote_url is not None:
             self.remote = _remote_tier(self.config.remote_url, self.config)
             self.remote.on_wait = self.on_wait
+        try:
             if self.resume_from is not None:
                 from vfsd.remote.remotetier import RemoteStartupError
 
                 try:
-                    self.remote.resume(self.store_dir, self.volume, self.resume_from)
+                    self.store = self.remote.resume(self.store_dir, self.resume_from,
+                                                    self._open_store)
                 except RemoteStartupError as exc:
                     raise StartupError(str(exc)) from None
-        try:
-            self.store = Store(self.store_dir, self.volume, chunk_size=self.config.chunk_size,
-                               inline_max=self.config.inline_max, defer_deletes=True)
+            else:
+                self.store = self._open_store()
         except StoreVersionError as exc:
             raise StartupError(str(exc)) from None
         self.run.record_store(self.store_dir, self.volume)
@@ -184,6 +185,15 @@ class Daemon:
             from .metrics import start_metrics_server
 
             self.metrics = start_metrics_server(self, self.config.metrics_port)
+
+    def _open_store(self, *, create: bool = True, chunk_size: int | None = None) -> Store:
+        """The daemon's one handle on its volume. A resume opens it through
+        this (with the run's chunk size for a new store) and may find a
+        volume its last attempt left incomplete."""
+        return Store(self.store_dir, self.volume, create=create,
+                     chunk_size=chunk_size or self.config.chunk_size,
+                     inline_max=self.config.inline_max, defer_deletes=True,
+                     incomplete_ok=self.resume_from is not None)
 
     def _prepare_remote(self) -> None:
         """A store with a remote (given now or recorded earlier) gets its remote tier."""

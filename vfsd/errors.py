@@ -93,5 +93,9 @@ class StoreVersionError(Exception):
     """The store was written by an incompatible schema version or is damaged."""
 
 
+class NoSuchVolume(StoreVersionError):
+    """The store exists but has no volume of that name (and was not asked to make one)."""
+
+
 class StartupError(Exception):
     """The daemon cannot start; the message is for the user."""

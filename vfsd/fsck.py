@@ -5,9 +5,12 @@ Part of the storage layer (it reads the layouts documented in `store` and
 lock first, and first reads the whole LMDB file in a child process
 (`lmdbcheck`), so damaged pages give a report, not a crash.
 
-Checked, per volume: inode records decode; every name points at a live inode
-and the three name databases agree; link counts; orphans; the step indexes
-and counters match the inodes. Store-wide: every content reference (live
+Checked, per volume: inode records decode and keep the per-record invariants
+of `store.invariants` (mode, status, step and size bounds, link targets,
+xattr limits, names), which an import checks too; every name points at a
+live inode and the three name databases agree; directories form a tree
+(one name each, reachable from the root); link counts; orphans; the step
+indexes and counters match the inodes. Store-wide: every content reference (live
 blocks and snapshot entries) names a record whose count equals the
 references found, and whose object is present (and, with `verify`, hashes
 right: inline objects and chunk files alike); no chunk file or temporary
@@ -43,7 +46,7 @@ import xxhash
 from tqdm import tqdm
 
 from vfsd.snapshots.snapshots import Snapshots, entry_refs, okey_len
-from vfsd.store import remotestate
+from vfsd.store import invariants, remotestate
 from vfsd.store.chunks import chunk_hash
 from vfsd.store.content import HOT_REF, LOC_FILE, LOC_LMDB, pack_record, unpack_record
 from vfsd.store.inode import Inode
@@ -145,11 +148,17 @@ def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
                 rep.problem(f"inode {ino} of unknown volume {vol}")
                 continue
             try:
-                volume.inodes[ino] = Inode.unpack(ino, v)
+                inode = volume.inodes[ino] = Inode.unpack(ino, v)
             except struct.error:
                 rep.problem(f"volume {volume.name!r}: inode {ino} does not decode")
+                continue
+            for msg in invariants.inode_problems(inode):
+                rep.problem(f"volume {volume.name!r}: {msg}")
         for volume in vols.values():
             _check_names(txn, db, volume, rep)
+            _check_links(txn, db, volume, rep)
+            for msg in invariants.tree_problems(volume.inodes, volume.names, ROOT_INO):
+                rep.problem(f"volume {volume.name!r}: {msg}")
         for k, v in tqdm(txn.cursor(db=db["block"]), desc="blocks", disable=not progress,
                          unit=" blocks"):
             vol, ino = _VI.unpack(k[:12])
@@ -251,6 +260,8 @@ def _check_names(txn, db, volume: _Volume, rep: FsckReport) -> None:
             n_dentry += 1
             parent, name = _U64.unpack(k[4:12])[0], bytes(k[12:])
             child, cookie = _U64X2.unpack(v)
+            for msg in invariants.name_problems(parent, name):
+                rep.problem(f"volume {volume.name!r}: {msg}")
             if child not in inodes or parent not in inodes:
                 rep.problem(f"volume {volume.name!r}: name {name!r} in dir {parent} points "
                             f"at missing inode {child}")
@@ -282,12 +293,9 @@ def _check_names(txn, db, volume: _Volume, rep: FsckReport) -> None:
                 break
             orphans.add(_VI.unpack(k)[1])
     for ino, inode in inodes.items():
-        if ino == ROOT_INO:
-            want = 2 + volume.subdirs[ino]
-        elif inode.is_dir:
-            want = (2 + volume.subdirs[ino]) if volume.names[ino] else 0
-        else:
-            want = len(volume.names[ino])
+        want = invariants.expected_nlink(inode, is_root=ino == ROOT_INO,
+                                         names=len(volume.names[ino]),
+                                         subdirs=volume.subdirs[ino])
         if inode.nlink != want:
             rep.problem(f"volume {volume.name!r}: inode {ino}: link count {inode.nlink}, "
                         f"names found {want}")
@@ -301,6 +309,22 @@ def _check_names(txn, db, volume: _Volume, rep: FsckReport) -> None:
                             "registered as orphan")
     if ROOT_INO not in inodes and not _incomplete(txn, db, volume.vol):
         rep.problem(f"volume {volume.name!r}: root directory missing")
+
+
+def _check_links(txn, db, volume: _Volume, rep: FsckReport) -> None:
+    """Symlinks have targets the kernel would take; nothing else has one."""
+    targets: dict[int, bytes] = {}
+    vb = _U32.pack(volume.vol)
+    cur = txn.cursor(db=db["link"])
+    if cur.set_range(vb):
+        for k, v in cur:
+            if k[:4] != vb:
+                break
+            targets[_VI.unpack(k)[1]] = bytes(v)
+    for ino, inode in volume.inodes.items():
+        if inode.is_link or ino in targets:
+            for msg in invariants.link_target_problems(inode, targets.get(ino, b"")):
+                rep.problem(f"volume {volume.name!r}: {msg}")
 
 
 def _check_hot(store: Store, txn, volume: _Volume, rep: FsckReport) -> None:
@@ -540,13 +564,19 @@ def _check_indexes(store: Store, txn, vols: dict[str, _Volume], rep: FsckReport)
                             f"{inode.nblocks}, found {volume.block_count[inode.ino]}")
         cur = txn.cursor(db=db["xattr"])
         vb = _U32.pack(volume.vol)
+        attrs: dict[int, list[tuple[bytes, int]]] = defaultdict(list)
         if cur.set_range(vb):
             for k, v in cur:
                 if k[:4] != vb:
                     break
-                owner = volume.inodes.get(_VI.unpack(k[:12])[1])
+                ino = _VI.unpack(k[:12])[1]
+                attrs[ino].append((bytes(k[12:]), len(v)))
+                owner = volume.inodes.get(ino)
                 if owner is not None and owner.nlink > 0:  # orphans' xattrs do not count
                     c["xattr_bytes"] += len(k) - 12 + len(v)
+        for ino, pairs in attrs.items():
+            for msg in invariants.xattr_problems(ino, pairs):
+                rep.problem(f"volume {volume.name!r}: {msg}")
     index_bad = False
     for name, want in want_index.items():
         have = {bytes(k) for k in txn.cursor(db=db[name]).iternext(values=False)}

@@ -27,6 +27,8 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
+from vfsd import RESERVED_ROOT_NAMES, SANDBOX_MOUNT_POINTS
+
 NAME = b".vfsd"
 BASE = 1 << 62
 DIR_INO = BASE
@@ -41,19 +43,12 @@ DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 
 
-#: Mount points of the execute sandbox (mount_tool/sandbox.py keeps the same
-#: list): name -> inode number.
-SANDBOX_DIRS = {
-    name: BASE + 0x100 + i
-    for i, name in enumerate(
-        (b"bin", b"dev", b"etc", b"lib", b"lib32", b"lib64", b"libx32", b"proc", b"run",
-         b"sbin", b"tmp", b"usr")
-    )
-}
+#: Mount points of the execute sandbox: name -> inode number.
+SANDBOX_DIRS = {name: BASE + 0x100 + i for i, name in enumerate(SANDBOX_MOUNT_POINTS)}
 SANDBOX_INOS = frozenset(SANDBOX_DIRS.values())
 SANDBOX_DIR_MODE = stat.S_IFDIR | 0o555
 #: Names that cannot become real entries of the root.
-RESERVED = frozenset({NAME, *SANDBOX_DIRS})
+RESERVED = RESERVED_ROOT_NAMES
 
 
 def is_ctl(ino: int) -> bool:

@@ -24,6 +24,7 @@ import trio
 
 from vfsd import errors
 from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
+from vfsd.store.invariants import MAX_FILE_SIZE  # 16 TiB: past it, EFBIG
 from vfsd.store.store import Store, now_ns
 
 from . import ctldir, snapview
@@ -34,7 +35,6 @@ log = structlog.get_logger("vfsd.fs")
 XATTR_PREFIX = b"user.vfsd."
 XATTR_RW = (b"user.vfsd.step", b"user.vfsd.status", b"user.vfsd.pin")
 XATTR_RO = (b"user.vfsd.hash", b"user.vfsd.tier")
-MAX_FILE_SIZE = 1 << 44  # 16 TiB: anything larger is an absurd truncate/write
 #: what mknod may create (directories and symlinks have their own requests)
 _MKNOD_TYPES = frozenset({stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
 

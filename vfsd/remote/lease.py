@@ -30,6 +30,9 @@ writes a random `session` of its own; a renewal whose answer was lost is
 recognised by it (our session, our generation), never by the owner token
 alone, so a stale holder with the same token (an older process of the same
 daemon, a copied store) learns at its next renewal that it lost the lease.
+A record whose generation is not below `MAX_GENERATION` is damaged (a planted
+2**64 - 1 once made the next holder write 2**64, which no u64 holds): it is
+taken over once it lapses, like any record that does not parse.
 
 Losing the lease. `valid` turns False, for good, the moment the holder's
 validity runs out without a successful renewal, or a renewal finds the lease
@@ -75,6 +78,9 @@ LEASE_FORMAT = 1
 TIMESTAMP_GRACE = 1.0
 #: A lease object larger than this is damaged (or hostile): not parsed.
 MAX_LEASE_BYTES = 64 * 1024
+#: generations stay below this, so the next one (and the head's, and the
+#: store's u64) always fits; a record at or above it is damaged
+MAX_GENERATION = 1 << 62
 
 
 class LeaseHeld(Exception):
@@ -458,8 +464,9 @@ def _parse(data: bytes) -> dict | None:
     if not isinstance(record, dict) or record.get("vfsd_lease") != LEASE_FORMAT:
         return None
     generation, ttl = record.get("generation"), record.get("ttl")
-    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1:
-        return None
+    if not isinstance(generation, int) or isinstance(generation, bool) \
+            or not 1 <= generation < MAX_GENERATION:
+        return None  # out of range is damage too: its successor could not be stored
     if not isinstance(ttl, int | float) or isinstance(ttl, bool) or not 1 <= ttl <= 86400:
         return None
     if not isinstance(record.get("released"), bool) or not isinstance(record.get("owner"), dict):

@@ -24,6 +24,7 @@ import xxhash
 from vfsd import errors
 from vfsd.snapshots.snapshots import unpack_inode_entry
 from vfsd.store.content import LOC_FILE, LOC_LMDB, ref_digest, ref_loc
+from vfsd.store.invariants import MAX_STEP
 
 MAGIC = b"VFSDMNF\0"
 FORMAT_VERSION = 1
@@ -155,6 +156,8 @@ def decode(data: bytes, *, run: str | None = None, seq: int | None = None) -> Ma
         raise ManifestError(f"{where}: kind {kind} with parent {parent}")
     if not 0 < m_seq < 1 << 63 or parent >= m_seq:
         raise ManifestError(f"{where}: parent s{parent} is not older than s{m_seq}")
+    if step > MAX_STEP or created_ns >= 1 << 63 or generation >= 1 << 63:
+        raise ManifestError(f"{where}: step, time or generation out of range")
     if not 4096 <= chunk_size <= 64 << 20:
         raise ManifestError(f"{where}: chunk size {chunk_size} is out of range")
     if raw_len > MAX_RAW_BYTES:

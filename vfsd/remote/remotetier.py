@@ -33,9 +33,10 @@ import structlog
 import trio
 
 from vfsd import errors
-from vfsd.snapshots.snapshots import parse_id, snapshot_id
+from vfsd.snapshots.snapshots import drop_volume, parse_id, snapshot_id
 from vfsd.store import remotestate
 from vfsd.store.content import LOC_FILE, ref_digest, ref_loc, seed_pending, unpack_record
+from vfsd.store.store import Store
 
 from .chunkcache import ChunkCache
 from .fetcher import Fetcher, FetchError, ReadaheadWindow
@@ -146,19 +147,46 @@ class RemoteTier:
 
     # ============================================================ before mount
 
-    def resume(self, store_dir: Path, volume: str, spec: str) -> None:
-        """`--from RUN@SNAPSHOT`: download, check and import it (blocking)."""
+    def resume(self, store_dir: Path, spec: str, open_store) -> Store:
+        """`--from RUN[@SNAPSHOT]`: download, check and import it (blocking); the
+        store, opened once by `open_store(create=..., chunk_size=...)` (the
+        daemon's own handle, which it keeps).
+
+        Refusals before anything is written: a bad spec, a run or snapshot
+        the bucket lacks, a manifest that does not check, a store that cannot
+        hold it. The lease is taken only once all of that passed. An import
+        that fails half way takes back what it wrote.
+        """
         try:
             run, seq = parse_resume_spec(spec)
         except BadResumeSpec as exc:
             raise RemoteStartupError(str(exc)) from None
-        existing = volume_state(store_dir, volume)
-        if existing == "used":
-            origin = origin_of(store_dir, volume)
+        opened: list[Store] = []
+
+        def open_once(**kwargs) -> Store:
+            opened.append(open_store(**kwargs))
+            return opened[-1]
+
+        try:
+            return self._resume(store_dir, run, seq, open_once)
+        except BaseException:
+            for st in opened:
+                st.close()
+            raise
+
+    def _resume(self, store_dir: Path, run: str, seq: int | None, open_store) -> Store:
+        st = None
+        if (store_dir / "lmdb" / "data.mdb").exists():
+            try:
+                st = open_store(create=False)
+            except errors.NoSuchVolume:
+                pass  # a shared store without this run dir's volume yet
+        if volume_state(st) == "used":
+            origin = origin_of(st)
             if origin and origin.get("run") == run and seq in (None, origin.get("seq")):
                 log.info("resume_already_imported", run=run,
                          snapshot=snapshot_id(origin.get("seq") or 0))
-                return  # a restart of a resumed run dir: mount it as it is now
+                return st  # a restart of a resumed run dir: mount it as it is now
             raise RemoteStartupError(
                 f"{store_dir} already holds files for this run dir; --from needs a new run "
                 "dir (or one that was resumed from this very snapshot)")
@@ -171,8 +199,17 @@ class RemoteTier:
             snap = load_snapshot(self.objstore, run, seq)
             # Everything that can be checked before the lease is taken: a
             # resume bound to fail must not take it from (or fence out) a
-            # worker that is only slow to renew.
-            check_importable(store_dir, volume, snap, str(self.url))
+            # worker that is only slow to renew. A store that exists gets
+            # this run dir's volume now, to be checked (and dropped if refused).
+            if st is None and (store_dir / "lmdb" / "data.mdb").exists():
+                st = open_store(create=True, chunk_size=snap.chunk_size)
+            if st is not None:
+                try:
+                    check_importable(st, snap, str(self.url))
+                except ResumeError:
+                    if volume_state(st) != "used":
+                        drop_volume(st, st.volume)
+                    raise
         except (UnknownRun, UnknownSnapshot, ManifestError, HeadError, ResumeError) as exc:
             raise RemoteStartupError(str(exc)) from None
         except RemoteError as exc:
@@ -193,12 +230,16 @@ class RemoteTier:
             self._lose(f"the run's lease is held by another worker ({exc})")
         except (RemoteError, HeadError) as exc:
             lease.release()  # held but not fenced: the next worker need not wait a TTL
+            if st is not None:
+                drop_volume(st, st.volume)
             raise RemoteStartupError(f"cannot take the lease of run {run}: {exc}") from None
         try:
-            record = import_snapshot(store_dir, volume, snap, remote_url=str(self.url),
+            if st is None:
+                st = open_store(create=True, chunk_size=snap.chunk_size)
+            record = import_snapshot(st, snap, remote_url=str(self.url),
                                      latest=max(latest, seq), owner_token=self.owner.token,
-                                     generation=generation, inline_max=self.config.inline_max)
-        except (ResumeError, errors.StoreError) as exc:
+                                     generation=generation)
+        except (ResumeError, errors.StoreError, errors.StoreVersionError) as exc:
             if self.lease is not None:
                 self.lease.release()
             raise RemoteStartupError(str(exc)) from None
@@ -210,6 +251,7 @@ class RemoteTier:
                          "manifests": len(snap.chain)}
         log.info("resumed", run=run, snapshot=snapshot_id(seq), objects=len(snap.state),
                  manifests=len(snap.chain), generation=generation, step=record["step"])
+        return st
 
     def _latest_published(self, run: str) -> int:
         """`--from RUN`: the run's latest published snapshot (UnknownRun, UnknownSnapshot)."""

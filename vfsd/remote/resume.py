@@ -3,10 +3,11 @@
 `load_snapshot` downloads and checks everything first (worker thread or
 before the mount: it blocks): the chain of manifests down to a full one
 (`head.fetch_chain`), the state they make together, and that this state is a
-tree (a root directory, names pointing at inodes that exist, small objects
-present). Nothing is written until all of it checks, so a bad `--from`, an
-unknown run or snapshot, or a damaged manifest leave the local store as it
-was.
+volume the local filesystem could hold (`check_tree`: every record within
+the invariants `vfsd fsck` checks, no name local operations refuse, a tree
+under a root directory, small objects present). Nothing is written until all
+of it checks, so a bad `--from`, an unknown run or snapshot, or a damaged or
+hostile manifest leave the local store as it was.
 
 `import_snapshot` then writes that state into a new volume of a local store,
 in batches, as `Snapshots.copy_into` does for forks: the live tree (inodes,
@@ -15,8 +16,10 @@ the snapshot's seq and its record), so the run goes on with the next seq and
 the next publication is a delta on it. Content comes by reference: small
 objects from the manifests' blobs, chunk files as records only ("remote-only",
 see `remotestate`), fetched from the bucket on first read. The volume is
-marked incomplete until the last batch commits; an import that died is done
-again from scratch by the next `vfsd mount --from`.
+marked incomplete until the last batch commits. An import that fails drops
+the volume again; one whose process died is done again from scratch by the
+next `vfsd mount --from`. The functions here take the daemon's own `Store`
+handle, opened once (`RemoteTier.resume`).
 """
 
 from __future__ import annotations
@@ -24,18 +27,20 @@ from __future__ import annotations
 import json
 import struct
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
-from vfsd import errors
+import structlog
+
+from vfsd import RESERVED_ROOT_NAMES, errors
 from vfsd.snapshots.snapshots import (
+    clear_volume,
     drop_volume,
     put_inode_entry,
     snapshot_id,
     unpack_inode_entry,
 )
-from vfsd.store import remotestate
+from vfsd.store import invariants, remotestate
 from vfsd.store.content import LOC_LMDB, ref_digest, ref_loc
 from vfsd.store.inode import Inode
 from vfsd.store.store import ROOT_INO, Store
@@ -44,6 +49,7 @@ from .head import Head, fetch_chain, read_head
 from .manifest import Manifest, ManifestError
 from .objstore import ObjectStore
 
+log = structlog.get_logger("vfsd.remote")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 BATCH = 2000
@@ -104,18 +110,33 @@ def load_snapshot(store: ObjectStore, run: str, seq: int) -> RemoteSnapshot:
 
 def check_tree(state: dict[bytes, bytes], blobs: dict[bytes, bytes], chunk_size: int,
                where: str) -> dict[bytes, int]:
-    """ManifestError unless `state` is a whole tree; the size of every object it names."""
+    """ManifestError unless `state` is a volume the local filesystem could hold;
+    the size of every object it names.
+
+    Every record within the invariants `vfsd fsck` checks (`store.invariants`:
+    sizes, steps, statuses, modes, link targets, xattr limits, link counts),
+    no name local operations refuse (reserved root names included), blocks
+    inside their files and small objects present, and a tree: one root
+    directory, every directory named once and reachable from it.
+    """
     inodes: dict[int, Inode] = {}
+    names: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
     sizes: dict[bytes, int] = {}
+    problems: list[str] = []
     for okey, value in state.items():
         if okey[:1] != b"i":
             continue
         ino = _U64.unpack(okey[1:9])[0]
         e = unpack_inode_entry(ino, value)
-        inodes[ino] = e.inode
+        inode = inodes[ino] = e.inode
+        problems += invariants.inode_problems(inode)
+        problems += invariants.link_target_problems(inode, e.target)
+        problems += invariants.xattr_problems(ino, ((n, len(v)) for n, v in e.xattrs))
+        if inode.is_reg and inode.nblocks != len(e.blocks):
+            problems.append(f"inode {ino}: block count {inode.nblocks}, {len(e.blocks)} listed")
         for idx, ref in e.blocks.items():
-            extent = min(chunk_size, e.inode.size - idx * chunk_size)
-            if not e.inode.is_reg or extent <= 0:
+            extent = min(chunk_size, inode.size - idx * chunk_size)
+            if not inode.is_reg or extent <= 0:
                 raise ManifestError(f"{where}: inode {ino} names a block past its end")
             if ref_loc(ref) == LOC_LMDB:
                 blob = blobs.get(ref_digest(ref))
@@ -123,7 +144,12 @@ def check_tree(state: dict[bytes, bytes], blobs: dict[bytes, bytes], chunk_size:
                     raise ManifestError(f"{where}: small object {ref_digest(ref).hex()} of "
                                         f"inode {ino} is in no manifest of the chain")
                 extent = len(blob)
+            if sizes.setdefault(ref, extent) != extent:
+                problems.append(f"inode {ino}: object {ref_digest(ref).hex()} is named with "
+                                f"two sizes")
             sizes[ref] = extent
+        if problems:
+            _refuse(where, problems)
     root = inodes.get(ROOT_INO)
     if root is None or not root.is_dir:
         raise ManifestError(f"{where} has no root directory")
@@ -132,101 +158,95 @@ def check_tree(state: dict[bytes, bytes], blobs: dict[bytes, bytes], chunk_size:
             continue
         parent = _U64.unpack(okey[1:9])[0]
         child = _U64.unpack(value)[0]
-        if parent not in inodes or not inodes[parent].is_dir or child not in inodes:
+        if parent not in inodes or child not in inodes:
             raise ManifestError(f"{where}: name {okey[10:]!r} in directory {parent} points "
                                 f"at a missing inode")
+        problems += invariants.name_problems(parent, okey[10:], at_root=parent == ROOT_INO,
+                                             reserved=RESERVED_ROOT_NAMES)
+        names[child].append((parent, okey[10:]))
+    if not problems:
+        problems += invariants.tree_problems(inodes, names, ROOT_INO)
+        problems += invariants.link_count_problems(inodes, names, ROOT_INO)
+        nameless = [ino for ino in inodes if ino != ROOT_INO and not names.get(ino)]
+        if nameless:
+            problems.append(f"inode {min(nameless)} is in no directory")
+    if problems:
+        _refuse(where, problems)
     return sizes
+
+
+def _refuse(where: str, problems: list[str]) -> None:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    raise ManifestError(f"{where}: {problems[0]}{more}; nothing was imported")
 
 
 # -------------------------------------------------------------------- import
 
 
-def volume_state(store_dir: Path, volume: str) -> str:
-    """"none", "empty", "incomplete" or "used": what the local volume holds."""
-    if not (store_dir / "lmdb" / "data.mdb").exists():
+def volume_state(st: Store | None) -> str:
+    """"none", "empty", "incomplete" or "used": what the local volume holds
+    (`st`, or None when the store or the volume does not exist yet)."""
+    if st is None:
         return "none"
-    try:
-        st = Store(store_dir, volume, create=False, incomplete_ok=True)
-    except Exception:  # noqa: BLE001 - no such volume (or no store): a new one
-        return "none"
-    try:
-        if st.meta_u64(b"incomplete"):
-            return "incomplete"
-        empty = not st.readdir(ROOT_INO, 0, limit=1) and not st.meta_u64(b"snap_seq")
-        return "empty" if empty else "used"
-    finally:
-        st.close()
+    if st.meta_u64(b"incomplete"):
+        return "incomplete"
+    empty = not st.readdir(ROOT_INO, 0, limit=1) and not st.meta_u64(b"snap_seq")
+    return "empty" if empty else "used"
 
 
-def origin_of(store_dir: Path, volume: str) -> dict | None:
+def origin_of(st: Store) -> dict | None:
     """Where an imported volume came from ({"run", "seq", "remote"}), or None."""
-    st = Store(store_dir, volume, create=False)
+    raw = remotestate.volume_meta(st, b"remote_origin")
     try:
-        raw = remotestate.volume_meta(st, b"remote_origin")
         return json.loads(raw) if raw else None
-    finally:
-        st.close()
+    except ValueError:
+        return None
 
 
-def check_importable(store_dir: Path, volume: str, snap: RemoteSnapshot, remote_url: str) -> None:
-    """ResumeError unless `import_snapshot` can write `snap` there (reads only).
+def check_importable(st: Store, snap: RemoteSnapshot, remote_url: str) -> None:
+    """ResumeError unless `import_snapshot` can write `snap` into `st` (reads only).
 
     Called before the run's lease is taken, so a resume that cannot work
     never takes (or disturbs) the lease of a worker still on the run.
     """
-    state = volume_state(store_dir, volume)
-    if state == "used":
-        raise ResumeError(f"volume {volume!r} of {store_dir} already holds files; resume into "
+    if volume_state(st) == "used":
+        raise ResumeError(f"volume {st.volume!r} of {st.dir} already holds files; resume into "
                           "a new run dir")
-    if state == "none" and not (store_dir / "lmdb" / "data.mdb").exists():
-        return  # a new store: it takes the run's chunk size and remote
-    try:
-        st = Store(store_dir, None, readonly=True, create=False, incomplete_ok=True)
-    except (errors.StoreError, errors.StoreVersionError) as exc:
-        raise ResumeError(f"cannot read the store at {store_dir}: {exc}") from None
-    try:
-        current = remotestate.remote_url(st)
-        size = st.chunk_size
-    finally:
-        st.close()
-    _check_store_fits(store_dir, current, size, snap, remote_url)
-
-
-def _check_store_fits(store_dir: Path, current: str | None, chunk_size: int | None,
-                      snap: RemoteSnapshot, remote_url: str) -> None:
+    current = remotestate.remote_url(st)
     if current is not None and current != remote_url:
-        raise ResumeError(f"the store at {store_dir} keeps its chunks in {current}, not "
+        raise ResumeError(f"the store at {st.dir} keeps its chunks in {current}, not "
                           f"{remote_url}: resume into a run dir with a store of its own")
-    if chunk_size is not None and chunk_size != snap.chunk_size:
-        raise ResumeError(f"the store at {store_dir} cuts files into {chunk_size}-byte "
+    if st.chunk_size is not None and st.chunk_size != snap.chunk_size:
+        raise ResumeError(f"the store at {st.dir} cuts files into {st.chunk_size}-byte "
                           f"chunks, the run into {snap.chunk_size}: use another store")
 
 
-def import_snapshot(store_dir: Path, volume: str, snap: RemoteSnapshot, *, remote_url: str,
-                    latest: int, owner_token: str, generation: int,
-                    inline_max: int) -> dict:
-    """Write `snap` into volume `volume` (new, empty, or left incomplete) of the
-    store at `store_dir`; the snapshot's record. `latest` is the newest seq the
-    run has published (the run's next snapshot is after it); `generation` the
-    lease generation this worker fenced the head with (0: read-only)."""
-    state = volume_state(store_dir, volume)
-    if state == "used":
-        raise ResumeError(f"volume {volume!r} of {store_dir} already holds files; resume into "
-                          "a new run dir")
-    if state == "incomplete":
-        st = Store(store_dir, volume, incomplete_ok=True)
-        try:
-            drop_volume(st, volume)  # an import that died half way: start over
-        finally:
-            st.close()
-    st = Store(store_dir, volume, chunk_size=snap.chunk_size, inline_max=inline_max)
+def import_snapshot(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
+                    owner_token: str, generation: int) -> dict:
+    """Write `snap` into the volume of `st` (new, empty, or left incomplete by
+    an import that died); the snapshot's record. `latest` is the newest seq
+    the run has published (the run's next snapshot is after it);
+    `generation` the lease generation this worker fenced the head with (0:
+    read-only). ResumeError if it cannot; the volume is then dropped (what
+    the import wrote goes with it): close `st`, it serves no volume any more.
+    """
+    check_importable(st, snap, remote_url)
     try:
-        _check_store_fits(store_dir, remotestate.remote_url(st), st.chunk_size, snap,
-                          remote_url)
-        return _import(st, snap, remote_url=remote_url, latest=latest, owner_token=owner_token,
-                       generation=generation)
-    finally:
-        st.close()
+        if volume_state(st) == "incomplete":
+            clear_volume(st)  # an import that died half way: start over
+        record = _import(st, snap, remote_url=remote_url, latest=latest,
+                         owner_token=owner_token, generation=generation)
+    except BaseException as exc:
+        try:
+            drop_volume(st, st.volume)
+        except errors.StoreError as drop_exc:
+            log.error("import_not_undone", volume=st.volume, error=str(drop_exc))
+        if isinstance(exc, errors.StoreError):
+            raise ResumeError(f"snapshot s{snap.seq} of run {snap.run} could not be imported "
+                              f"into {st.dir}: {exc}; nothing of it was kept") from None
+        raise
+    st.reload_snapshot_state()
+    return record
 
 
 def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,

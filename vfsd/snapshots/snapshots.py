@@ -148,6 +148,11 @@ def drop_volume(store: Store, name: str) -> None:
     store.drop_volume(name, entry_refs)
 
 
+def clear_volume(store: Store) -> None:
+    """Empty the volume of `store` (no root, no snapshots), keeping the volume itself."""
+    store.clear_volume(entry_refs)
+
+
 def okey_len(buf: bytes, pos: int) -> int:
     """Length of the object key starting at `pos`."""
     if buf[pos:pos + 1] == b"i":

@@ -178,6 +178,7 @@ class Store(NamespaceMixin, XattrMixin):
         wanted = create or compact.exists(self.dir)
         self._hold = compact.hold(self.dir) if wanted and not readonly else None
         self.env = None
+        self._closed = False
         try:
             self._open(volume, readonly, create, map_size, sync, chunk_size, inline_max,
                        incomplete_ok)
@@ -214,8 +215,7 @@ class Store(NamespaceMixin, XattrMixin):
                 f"volume {self.volume!r} of store {self.dir} is a fork or an import that did "
                 "not finish copying; run `vfsd fork` (or `vfsd mount --from`) again to redo it")
         self.chunk_size = self._chunk_size(chunk_size)
-        self.tracking = self.meta_u64(b"snap_seq") > 0
-        self.base_clean = self.tracking and not self.meta_u64(b"base_changed")
+        self.reload_snapshot_state()
         if not readonly:
             self._make_reserve()
 
@@ -312,7 +312,7 @@ class Store(NamespaceMixin, XattrMixin):
         if raw is not None:
             return _VI.unpack(raw)
         if not create:
-            raise errors.StoreVersionError(f"store {self.dir} has no volume {name!r}")
+            raise errors.NoSuchVolume(f"store {self.dir} has no volume {name!r}")
         with self.txn(write=True) as txn:
             vol = self.create_volume(txn, name)
         return vol, ROOT_INO
@@ -359,8 +359,18 @@ class Store(NamespaceMixin, XattrMixin):
         entry format belongs to `vfsd.snapshots`, which calls this through
         `snapshots.drop_volume`.
         """
-        view = self.view(name)
+        self._empty_volume(self.view(name), entry_refs, keep=False)
+
+    def clear_volume(self, entry_refs: Callable[[bytes, bytes], list[bytes]]) -> None:
+        """Empty this handle's volume down to what a new one holds, minus its
+        root directory (an import writes its own); it keeps its id and name
+        and gets a new run id. For an import that must start over."""
+        self._empty_volume(self, entry_refs, keep=True)
+        self.reload_snapshot_state()
+
+    def _empty_volume(self, view: Store, entry_refs, *, keep: bool) -> None:
         vb = view._vb
+        name = view.volume
         refs: Counter = Counter()
         with self.txn(write=True) as txn:
             for table in self._PER_VOLUME:
@@ -383,7 +393,12 @@ class Store(NamespaceMixin, XattrMixin):
                 while cur.key()[:len(prefix)] == prefix:
                     if not cur.delete() or not cur.key():
                         break
-            txn.delete(name.encode(), db=self.db["volume"])
+            if keep:
+                txn.put(prefix + b"name", name.encode(), db=self.db["meta"])
+                txn.put(prefix + b"run", secrets.token_hex(16).encode(), db=self.db["meta"])
+                txn.put(prefix + b"next_ino", _u64(ROOT_INO + 1), db=self.db["meta"])
+            else:
+                txn.delete(name.encode(), db=self.db["volume"])
             freed = self.content.apply(txn, refs)
         self._delete_unreferenced(freed)
         shutil.rmtree(self.hot.root / str(view.vol), ignore_errors=True)
@@ -403,6 +418,14 @@ class Store(NamespaceMixin, XattrMixin):
         other.logs = EventLog(other)
         other.tracking = other.meta_u64(b"snap_seq") > 0
         return other
+
+    def reload_snapshot_state(self) -> None:
+        """Read again whether snapshots track this volume, and whether the live
+        tree still equals its base (after an import rewrote the volume)."""
+        self.tracking = self.meta_u64(b"snap_seq") > 0
+        self.base_clean = self.tracking and not self.meta_u64(b"base_changed")
+        self._marked.clear()
+        self._pending_marks.clear()
 
     @property
     def run_id(self) -> str:
@@ -466,6 +489,9 @@ class Store(NamespaceMixin, XattrMixin):
         self.content.inline_max = value
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self.defer_deletes and not self.readonly:
             self.sync()
             self.delete_synced()
