@@ -182,6 +182,18 @@ def test_a_manifest_step_past_the_local_bound_is_refused(s3, base, tmp_path):
     assert "step" in message, message
 
 
+@pytest.mark.parametrize("field, value", [("entries", "many"), ("bytes", 1 << 70),
+                                          ("generation", -1), ("pinned", "yes")])
+def test_a_head_entry_with_numbers_out_of_range_is_refused(s3, base, tmp_path, field, value):
+    # The publisher did int(entry["entries"]) on what the head said.
+    run = plant(base)
+    head = base.bucket.head(run)
+    head["snapshots"][0][field] = value
+    base.bucket.put(f"runs/{run}/head", json.dumps(head).encode())
+    message = refused(base, run, tmp_path / "t")
+    assert "damaged snapshot entry" in message, message
+
+
 def test_a_sparse_file_at_the_local_bound_imports_and_hashes_at_once(s3, base, tmp_path):
     # item 1: 16 TiB, the largest file the local filesystem takes, imports; its
     # hash (attr view, `vfsd ref`) costs what is stored, not a digest per hole.

@@ -77,7 +77,9 @@ class Head:
             if not isinstance(s, dict) or not all(_uint(s.get(k)) for k in
                                                   ("seq", "parent", "step")) \
                     or not 0 < s["seq"] <= latest or s["parent"] >= s["seq"] \
-                    or s["seq"] in seen:
+                    or s["seq"] in seen \
+                    or not all(_uint(s[k]) for k in _COUNTS if k in s) \
+                    or not isinstance(s.get("pinned", False), bool):
                 raise HeadError(f"the head of run {run} lists a damaged snapshot entry")
             seen.add(s["seq"])
         writer = doc.get("writer") if isinstance(doc.get("writer"), dict) else {}
@@ -127,6 +129,10 @@ class Head:
                 out.add(e["seq"])
                 e = self.entry(e["parent"]) if e["parent"] else None
         return out
+
+
+#: optional numbers of a head's snapshot entry, bounded like the required ones
+_COUNTS = ("entries", "bytes", "generation", "created_ns")
 
 
 def _uint(v) -> bool:
