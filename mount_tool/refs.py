@@ -63,21 +63,28 @@ def is_ref(value: object) -> bool:
 
 #: vfsd's default chunk size; a store made with another says so in `Mount.stats()`
 DEFAULT_CHUNK_SIZE = 1 << 20
-_HASH_TAG = b"vfsd-file-hash-1\0"
+_HASH_TAG = b"vfsd-file-hash-2\0"
 
 
 def content_hash(data: bytes, chunk_size: int = DEFAULT_CHUNK_SIZE) -> str:
     """The hash a FileRef carries for `data` (hex).
 
     vfsd hashes a file as the xxh3-128 of a header (tag, size, chunk size)
-    followed by the xxh3-128 of each `chunk_size` block, so it can hash any
-    file from its block digests without reading it. This is the same
-    definition, over bytes in memory (`vfsd.store.filehash`; the tests keep the two
-    equal).
+    followed by, for each `chunk_size` block that is not all zeros, its
+    index and its xxh3-128, so it can hash any file from its block digests
+    without reading it, and holes cost nothing. This is the same definition,
+    over bytes in memory (`vfsd.store.filehash`; the tests keep the two equal).
     """
     view = memoryview(data)
     h = xxhash.xxh3_128()
     h.update(_HASH_TAG + len(view).to_bytes(8, "big") + chunk_size.to_bytes(4, "big"))
-    for off in range(0, len(view), chunk_size):
-        h.update(xxhash.xxh3_128_digest(view[off:off + chunk_size]))
+    zeros = {}
+    for idx, off in enumerate(range(0, len(view), chunk_size)):
+        block = view[off:off + chunk_size]
+        digest = xxhash.xxh3_128_digest(block)
+        n = len(block)
+        if n not in zeros:
+            zeros[n] = xxhash.xxh3_128_digest(bytes(n))
+        if digest != zeros[n]:
+            h.update(idx.to_bytes(8, "big") + digest)
     return h.hexdigest()

@@ -341,9 +341,12 @@ class ControlServer:
             raise RequestError("not_a_file", "not a regular file")
         return inode
 
-    def file_ref(self, ino: int, path: str | None = None) -> dict:
-        digest = self.files.content_hash(ino).hex()
-        inode = self.files.attrs(ino)
+    def file_ref(self, ino: int, path: str | None = None,
+                 hashed: tuple[Inode, bytes] | None = None) -> dict:
+        """The FileRef of a regular file; `hashed`: its (attributes, hash) of
+        one moment, from `ops.content_ref` (else both are read here)."""
+        inode, digest = hashed or (self.files.attrs(ino), self.files.content_hash(ino))
+        digest = digest.hex()
         if path is None:
             path = self.store.path_of(ino)
         return {"ino": ino, "gen": inode.gen, "path": path or "", "size": inode.size,
@@ -376,9 +379,10 @@ class ControlServer:
 
     async def op_ref(self, req: dict) -> dict:
         ino = self._inode_for(req).ino
-        if await self.ops.hash_hot_blocks(ino):
-            ino = self._inode_for(req).ino  # the name may have moved while it hashed
-        return self.file_ref(ino)
+        hashed = await self.ops.content_ref(ino)
+        if "path" in req and self._inode_for(req).ino != ino:
+            return self.file_ref(self._inode_for(req).ino)  # moved while it hashed: here
+        return self.file_ref(ino, hashed=hashed)
 
     async def op_resolve(self, req: dict) -> dict:
         ref = _arg(req, "ref", dict)

@@ -23,6 +23,7 @@ import structlog
 import trio
 
 from vfsd import errors
+from vfsd.store import filehash
 from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 from vfsd.store.invariants import MAX_FILE_SIZE  # 16 TiB: past it, EFBIG
 from vfsd.store.store import Store, now_ns
@@ -230,9 +231,9 @@ class VfsdOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._ctl_entry(ctldir.mirror_of(inode.ino), self._attrs(inode.ino))
 
-    def attr_document(self, ino: int) -> dict:
+    async def attr_document(self, ino: int) -> dict:
         """The vfsd attributes of a regular file, as `.vfsd/attr/PATH` shows them."""
-        rec = self._attrs(ino)
+        rec, digest = await self.content_ref(ino)
         of = self.files.get(ino)
         inline = rec.size <= self.files.inline_max if of else rec.inline
         xattrs = {name.decode(errors="backslashreplace"):
@@ -240,7 +241,7 @@ class VfsdOperations(pyfuse3.Operations):
                   for name in self.store.list_xattrs(ino)}
         return {"path": self.store.path_of(ino), "ino": ino, "gen": rec.gen, "size": rec.size,
                 "step": rec.step, "status": STATUS_NAMES[rec.status], "pin": rec.pinned,
-                "hash": self.files.content_hash(ino).hex(),
+                "hash": digest.hex(),
                 "tier": "inline" if inline else "chunked", "mtime_ns": rec.mtime_ns,
                 "xattrs": xattrs}
 
@@ -461,6 +462,28 @@ class VfsdOperations(pyfuse3.Operations):
             return self._entry(self.set_attrs(ino, **changes))
         return self._entry(self._attrs(ino))
 
+    async def content_ref(self, ino: int) -> tuple[Inode, bytes]:
+        """A regular file's attributes and content hash, both of one moment.
+
+        The hashing runs in a worker thread, and for a closed file so does
+        reading its block list: a file with millions of stored blocks costs
+        the loop nothing. Only an open file's digests are gathered here (its
+        buffers and hot blocks live on the loop).
+        """
+        await self.hash_hot_blocks(ino)
+        if self.files.get(ino) is None:
+            got = await trio.to_thread.run_sync(self.store.hashed_inode, ino)
+            if got is not None and self.files.get(ino) is None:
+                return got
+        of = self.files.get(ino)
+        if of is None:  # closed, with hot blocks the settler has not taken yet
+            inode = self.store.get_inode(ino)
+            return inode, self.files.content_hash(ino)
+        inode, digests = self.files.hash_inputs(of)
+        digest = await trio.to_thread.run_sync(filehash.file_hash, inode.size, digests,
+                                               self.files.cs)
+        return inode, digest
+
     async def hash_hot_blocks(self, ino: int) -> bool:
         """Hash an open file's hot blocks in a worker thread, so that the file
         hash that follows on the loop reads none (or only those written
@@ -592,7 +615,7 @@ class VfsdOperations(pyfuse3.Operations):
                 ino = ctldir.mirrored(inode)
                 if not self._attrs(ino).is_reg:
                     raise pyfuse3.FUSEError(errno.EISDIR)
-                doc = json.dumps(self.attr_document(ino)).encode() + b"\n"
+                doc = json.dumps(await self.attr_document(ino)).encode() + b"\n"
                 return pyfuse3.FileInfo(fh=self.ctl.open_bytes(doc), direct_io=True,
                                         keep_cache=False)
             return pyfuse3.FileInfo(fh=await self.ctl.open(inode), direct_io=True,
@@ -910,8 +933,7 @@ class VfsdOperations(pyfuse3.Operations):
                 if name == b"user.vfsd.pin":
                     return b"1" if rec.pinned else b"0"
                 if name == b"user.vfsd.hash":
-                    await self.hash_hot_blocks(ino)
-                    return self.files.content_hash(ino).hex().encode()
+                    return (await self.content_ref(ino))[1].hex().encode()
                 if name == b"user.vfsd.tier":
                     return b"inline" if rec.size <= self.files.inline_max else b"chunked"
         value = self.store.get_xattr(ino, name)

@@ -539,15 +539,23 @@ class OpenFiles:
         self._pad_tail(of)
         self._commit_blocks(of, list(of.dirty))
 
+    def hash_inputs(self, of: OpenFile) -> tuple[Inode, dict[int, bytes]]:
+        """What the hash of an open file needs, as of now: its attributes and
+        its block digests (buffered writes committed first; hot blocks not
+        hashed yet are read from the hot file). `filehash.file_hash` of them
+        may then run anywhere."""
+        self.flush(of)
+        digests = {i: ref_digest(r) for i, r in of.blocks.items()}
+        digests.update((i, d) for i, d in self.hot_digests(of).items() if d)
+        return of.inode.copy(), digests
+
     def content_hash(self, ino: int) -> bytes:
         """The file hash (see `filehash`): from block digests, no content read
         except hot blocks, which are hashed from the hot file."""
         of = self.files.get(ino)
         if of is not None:
-            self.flush(of)
-            digests = {i: ref_digest(r) for i, r in of.blocks.items()}
-            digests.update((i, d) for i, d in self.hot_digests(of).items() if d)
-            return filehash.file_hash(of.inode.size, digests, self.cs)
+            inode, digests = self.hash_inputs(of)
+            return filehash.file_hash(inode.size, digests, self.cs)
         inode = self.store.get_inode(ino)
         if not inode.is_reg:
             raise errors.InvalidArgument("not a regular file")

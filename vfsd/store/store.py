@@ -859,6 +859,20 @@ class Store(NamespaceMixin, XattrMixin):
                 digests[i] = ref_digest(r)
         return filehash.file_hash(size, digests, cs)
 
+    def hashed_inode(self, ino: int) -> tuple[Inode, bytes] | None:
+        """(inode, content hash) of a regular file from one read transaction,
+        for a worker thread; None if it has hot blocks (the hot file belongs
+        to the loop: hash it there, `file_hash`)."""
+        with self.txn() as txn:
+            inode = self._get_inode(txn, ino)
+            blocks = self._block_map(txn, ino)
+        if not inode.is_reg:
+            raise errors.InvalidArgument("not a regular file")
+        if any(is_hot(r) for r in blocks.values()):
+            return None
+        return inode, filehash.file_hash(inode.size, {i: ref_digest(r) for i, r in blocks.items()},
+                                         self.chunk_size)
+
     def commit_content(
         self,
         inode: Inode,
