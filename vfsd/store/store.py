@@ -395,7 +395,7 @@ class Store(NamespaceMixin, XattrMixin):
                         break
             if keep:
                 txn.put(prefix + b"name", name.encode(), db=self.db["meta"])
-                txn.put(prefix + b"run", secrets.token_hex(16).encode(), db=self.db["meta"])
+                txn.put(prefix + b"run", os.urandom(16).hex().encode(), db=self.db["meta"])
                 txn.put(prefix + b"next_ino", _u64(ROOT_INO + 1), db=self.db["meta"])
             else:
                 txn.delete(name.encode(), db=self.db["volume"])
