@@ -263,3 +263,27 @@ def test_a_failed_import_leaves_no_half_imported_volume(s3, base, tmp_path):
     t.mount()
     assert list(t.root.iterdir()) == []
     t.umount()
+
+
+def test_an_import_cut_short_is_done_again_from_scratch(s3, base, tmp_path):
+    """A process killed mid-import leaves its volume marked incomplete: a plain
+    mount refuses it, the next `--from` empties it and imports again."""
+    run = plant(base)
+    t = MountedRun(tmp_path / "t", ("--remote", base.url, "--from", f"{run}@s1", *FAST))
+    t.mount()
+    t.umount()
+    st = Store(t.state_dir, "default", incomplete_ok=True)
+    try:  # what a kill between two batches leaves: some records, the marker
+        with st.txn(write=True) as txn:
+            txn.put(st._vp + b"incomplete", _U64.pack(1), db=st.db["meta"])
+        st.unlink(ROOT, b"small.txt")
+    finally:
+        st.close()
+    proc = vfsd_cli("mount", t.run_dir, check=False)
+    assert proc.returncode == 1 and "did not finish" in proc.stderr, proc.stderr
+    t.mount()
+    try:
+        assert (t.root / "small.txt").read_text() == "small\n"
+        assert sorted(p.name for p in t.root.iterdir()) == ["big.bin", "dir", "small.txt"]
+    finally:
+        t.umount()
