@@ -83,6 +83,7 @@ from .errors import MountToolError
 from .mount import Mount
 from .runs import Runs, ThreadIdError, add_use_hook, current_config, lease, thread_key, thread_of
 from .threadfiles import (
+    NO_FILES,
     BadFilesMetadata,
     FilesVersion,
     Pending,
@@ -105,6 +106,7 @@ except ImportError:  # pragma: no cover - other langgraph versions
 
 logger = logging.getLogger(__name__)
 
+NO_FILES_VERSION = FilesVersion("", NO_FILES, 0)
 PUBLISH_MODES = ("auto", "wait", "behind", "off")
 ON_MISSING = ("raise", "keep")
 # Idle threads whose state stays in memory (all of it is in the run dirs and the saver).
@@ -393,7 +395,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         if tup is None:
             return False
         version = FilesVersion.of(tup.metadata, strict=True)
-        if version is None:
+        if version is None or version.snapshot == NO_FILES:
             return True
         thread = thread_of(tup.config)
         with self._thread_files(thread) as tf:
@@ -529,6 +531,9 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         plan = self._plan_put(config, checkpoint)
         if plan is None:
             return self.saver.put(config, checkpoint, metadata, new_versions)
+        if self._has_no_files(plan):
+            return self.saver.put(config, checkpoint, _with_version(metadata, NO_FILES_VERSION),
+                                  new_versions)
         if plan.needs_parent:
             plan.parent = self._version_of(config)
         with self._thread_files(plan.thread) as tf:
@@ -547,6 +552,9 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         plan = self._plan_put(config, checkpoint)
         if plan is None:
             return await self.saver.aput(config, checkpoint, metadata, new_versions)
+        if await asyncio.to_thread(self._has_no_files, plan):
+            return await self.saver.aput(
+                config, checkpoint, _with_version(metadata, NO_FILES_VERSION), new_versions)
         if plan.needs_parent:
             plan.parent = self._known(plan.thread, plan.parent_id) or \
                 await self._aversion_of(config)
@@ -558,6 +566,11 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             await asyncio.to_thread(tf.after_put, plan, checkpoint["id"], version)
             await asyncio.to_thread(stack.close)
         return stored
+
+    def _has_no_files(self, plan: PutPlan) -> bool:
+        """A checkpoint written outside a run for a thread that has no run dir
+        yet: its files are none, and no daemon is needed to say so."""
+        return self.runs is not None and not plan.from_run and not self.runs.exists(plan.thread)
 
     def _prepare_put(self, tf: ThreadFiles, plan: PutPlan, checkpoint: Checkpoint,
                      metadata: CheckpointMetadata) -> tuple[FilesVersion, Any]:

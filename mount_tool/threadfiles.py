@@ -48,7 +48,10 @@ SNAPSHOT_CACHE_SIZE = 4096
 BOUNDARIES_KEPT = 64
 # Refs listed by name in a SnapshotUnavailable message (all are in `.lost`).
 LISTED_FILES = 20
-_SNAPSHOT_ID = re.compile(r"s[1-9][0-9]{0,18}")
+_SNAPSHOT_ID = re.compile(r"s(0|[1-9][0-9]{0,18})")
+#: the snapshot id a checkpoint records when its thread had no files at all
+#: (written outside a run before the thread's run dir existed): no daemon needed
+NO_FILES = "s0"
 _RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 
@@ -249,6 +252,23 @@ class RunDirRecord:
         self.close()
 
 
+def _remove_tree(dir_fd: int, name: str) -> None:
+    """Remove `name` in directory `dir_fd` and everything under it, never following a symlink."""
+    import stat as stat_mod
+
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat_mod.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        for child in os.listdir(fd):
+            _remove_tree(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
 def copied_with(state: Mapping[str, Any], version: FilesVersion) -> bool:
     """Whether the run dir is a copy of `version`'s run that holds its snapshot
     (a copied thread: the copy has the source's history up to the copy)."""
@@ -315,6 +335,10 @@ class ThreadFiles:
 
     def align(self, tup: CheckpointTuple, version: FilesVersion) -> None:
         checkpoint_id = tup.checkpoint["id"]
+        if version.snapshot == NO_FILES:
+            self.clear_files(checkpoint_id)
+            self.set_position(checkpoint_id, version)
+            return
         state = self.m.snapshot_state()
         where = self.where(checkpoint_id, version, state)
         if where in ("exact", "after"):
@@ -350,6 +374,22 @@ class ThreadFiles:
             res.get("changed"),
         )
         self.set_position(checkpoint_id, version)
+
+    def clear_files(self, checkpoint_id: str) -> None:
+        """Bring the live tree to no files (a checkpoint from before the thread
+        had any); what was there stays in a snapshot taken first."""
+        if not self.live_names():
+            return
+        kept = self.take(f"{self.owner._label(self.record.thread or '', checkpoint_id, None)}"
+                         " (before clearing)")
+        with self.m.root_fd() as root:
+            for name in self.live_names():
+                _remove_tree(root, name)
+        logger.info("vfsd: cleared the files for checkpoint %s (they are in %s)",
+                    checkpoint_id, kept.snapshot)
+
+    def live_names(self) -> list[str]:
+        return [n for n in os.listdir(self.m.root) if n != ".vfsd"]
 
     def where(self, checkpoint_id: str, version: FilesVersion, state: Mapping[str, Any]) -> str:
         """How the live tree stands to a checkpoint's files:

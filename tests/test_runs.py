@@ -213,3 +213,21 @@ def test_hostile_checkpoint_metadata(runs):
             app.invoke(None, stored)
         assert tree(runs.get(attacker).root) == attacker_files
     assert tree(runs.get(victim).root) == victim_files
+
+
+def test_checkpoints_from_before_a_thread_had_files(runs):
+    """update_state on a new thread needs no daemon: its checkpoint records
+    "no files" (s0); a run from it later starts from no files again."""
+    app = build(runs).compile(checkpointer=VfsdCheckpointer(InMemorySaver(), runs))
+    thread = fresh("early")
+    early = app.update_state(config(thread), {"i": 3}, as_node="step")
+    assert not runs.exists(thread)  # nothing mounted, no run dir
+    assert app.get_state(early).metadata["vfsd"]["snapshot"] == "s0"
+    assert app.invoke(None, config(thread))["seen"] == ["3:a=;ls="]
+    assert observe(runs.get(thread)) == "a=;ls=b.txt"
+    before = runs.get(thread).snapshot_state()["base"]
+    # A run from the early checkpoint finds no files, and nothing is lost.
+    assert app.invoke(None, early)["seen"] == ["3:a=;ls="]  # b.txt was gone again
+    m = runs.get(thread)
+    assert before in {s["id"] for s in m.snapshots()}
+    assert (m.root / ".vfsd" / "snapshots" / before / "b.txt").read_text() == "late"
