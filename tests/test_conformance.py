@@ -98,7 +98,7 @@ def test_conformance(kind, wrapper, request, tmp_path):
         return outcome(await validate(bare)), outcome(await validate(wrapped))
 
     base, ours = asyncio.run(main())
-    for cap, (detected, passed, failures) in base.items():
+    for cap, (_detected, passed, _failures) in base.items():
         if passed:
             assert ours[cap][0] and ours[cap][1], f"{cap}: the bare saver passes, ours: {ours[cap]}"
     for cap, (detected, passed, failures) in ours.items():
