@@ -65,7 +65,13 @@ def daemon_start(src: str, run_dir: str) -> float:
     took = time.perf_counter() - start
     if not said.startswith(b"READY"):
         raise RuntimeError(f"the daemon said {said!r}")
-    subprocess.run(["fusermount3", "-u", os.path.join(run_dir, "fs")], check=True)
+    for _attempt in range(50):  # busy while something else on the machine walks it
+        if subprocess.run(["fusermount3", "-u", os.path.join(run_dir, "fs")],
+                          capture_output=True).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        subprocess.run(["fusermount3", "-u", "-z", os.path.join(run_dir, "fs")], check=True)
     proc.wait(timeout=60)
     return took
 
