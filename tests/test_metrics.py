@@ -129,3 +129,40 @@ def test_busy_port_is_a_startup_error(run_factory):
         assert proc.returncode != 0
         assert str(port) in proc.stderr
     assert not run.root.exists() or not os.path.ismount(run.root)
+
+
+def scrape_labelled(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample by (name, sorted labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_latency_histograms(metered):
+    """Every FUSE request is timed while the endpoint serves, and so are
+    snapshots, restores and eviction passes; the snapshot count follows."""
+    run, port = metered
+    for i in range(20):
+        (run.root / f"f{i}.txt").write_bytes(os.urandom(2 * KiB))
+    sid = run.cli("snapshot", run.run_dir).stdout.strip()
+    (run.root / "f0.txt").unlink()
+    run.cli("restore", run.run_dir, sid)
+    run.cli("step", run.run_dir, "2")
+    m = scrape_labelled(port)
+    ops = run.status()["requests"]
+    # Each request the daemon counted was timed (the scrape's own status call aside).
+    for op in ("create", "write", "unlink", "lookup"):
+        assert m[("vfsd_fuse_request_seconds_count", (("op", op),))] == ops[op]
+        assert m[("vfsd_fuse_request_seconds_sum", (("op", op),))] > 0
+        inf = m[("vfsd_fuse_request_seconds_bucket", (("le", "+Inf"), ("op", op)))]
+        assert inf == ops[op]
+        # Buckets are cumulative.
+        buckets = sorted((float(dict(k[1])["le"]), v) for k, v in m.items()
+                         if k[0] == "vfsd_fuse_request_seconds_bucket"
+                         and dict(k[1])["op"] == op)
+        assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+    assert m[("vfsd_snapshot_seconds_count", (("op", "snapshot"),))] == 1
+    assert m[("vfsd_snapshot_seconds_count", (("op", "restore"),))] == 1
+    assert m[("vfsd_eviction_seconds_count", ())] >= 1  # the step advance's pass
+    assert m[("vfsd_snapshots", ())] == 1

@@ -27,6 +27,7 @@ from vfsd.store.inode import STATUS_DONE, STATUS_NAMES
 
 from . import errors
 from .config import Config
+from .latency import Latency
 
 log = structlog.get_logger("vfsd.eviction")
 
@@ -45,6 +46,7 @@ class Evictor:
         self.config = config
         self.evicted_total = 0
         self.enospc_total = 0
+        self.latency = Latency()  # eviction passes that removed (or looked for) files
         # (parent, name, ino) in FUSE numbering, for names removed by eviction.
         self.pending_invalidations: list[tuple[int, bytes, int]] = []
         # Called after the step advances (snapshot retention by age).
@@ -144,6 +146,8 @@ class Evictor:
             "bytes": sum(r["size"] for r in records), "deferred": deferred,
             "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
         }
+        if not dry_run:
+            self.latency.observe(time.perf_counter() - t0)
         if records:
             log.info("evicted", step=step, dry_run=dry_run, files=len(records),
                      bytes=report["bytes"], duration_ms=report["duration_ms"])

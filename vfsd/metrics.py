@@ -2,9 +2,11 @@
 
 Nothing is counted twice: a custom collector reads the daemon's own state at
 scrape time (the store's counters in one read-only LMDB transaction, the
-operation and eviction counters as plain integers), and prometheus_client's
-threaded HTTP server serves it from its own threads. A scrape never opens a
-write transaction, so it cannot stall or block FUSE requests.
+operation and eviction counters as plain integers, the latency histograms of
+`vfsd.latency`), and prometheus_client's threaded HTTP server serves it from
+its own threads. A scrape never opens a write transaction, so it cannot stall
+or block FUSE requests. While the endpoint serves, every FUSE request is
+timed (`fuse.tracer`), which costs a clock read and a bucket increment.
 """
 
 from __future__ import annotations
@@ -14,11 +16,17 @@ from collections.abc import Iterator
 
 import structlog
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from . import __version__
 from .errors import StartupError
+from .latency import Latency, bucket_bounds
 
 log = structlog.get_logger("vfsd.metrics")
 
@@ -93,6 +101,49 @@ class DaemonCollector(Collector):
             "vfsd_open_files", "Files with open handles.", value=len(d.ops.files.files)
         )
         yield from self._remote_metrics()
+        yield from self._latency_metrics()
+
+    def _latency_metrics(self) -> Iterator:
+        d = self.daemon
+        yield _histogram("vfsd_fuse_request_seconds", "Time to answer FUSE requests, by operation.",
+                         "op", dict(d.ops.tracer.latency))
+        snapservice = getattr(d, "snapservice", None)
+        if snapservice is not None:
+            yield _histogram("vfsd_snapshot_seconds",
+                             "Time to take or restore a snapshot (request to reply).",
+                             "op", dict(snapservice.latency))
+            with self._store_lock:
+                if not self._closed:
+                    try:
+                        count = len(snapservice.snaps.list())
+                    except Exception as exc:  # a scrape must never take the daemon down
+                        log.warning("metrics_store_unreadable", error=str(exc))
+                        count = None
+            if count is not None:
+                yield GaugeMetricFamily("vfsd_snapshots", "Snapshots retained.", value=count)
+        yield _histogram("vfsd_eviction_seconds", "Time of an eviction pass (a step advance, "
+                         "a quota, a request).", None, {"": d.evictor.latency})
+        remote = getattr(d, "remote", None)
+        if remote is None:
+            return
+        objstore = getattr(remote, "objstore", None)
+        if objstore is not None:
+            with objstore._lock:
+                kinds = {op: _copy(lat) for op, lat in objstore.latency.items()}
+            yield _histogram("vfsd_remote_request_seconds",
+                             "Time of object store requests (each attempt), by kind.", "op", kinds)
+        with self._store_lock:
+            if self._closed:
+                return
+            try:
+                age = remote.status()["oldest_unpublished_change_age_s"]
+            except Exception as exc:  # a scrape must never take the daemon down
+                log.warning("metrics_store_unreadable", error=str(exc))
+                return
+        yield GaugeMetricFamily(
+            "vfsd_remote_oldest_unpublished_change_age_seconds",
+            "Age of the oldest change no published snapshot holds yet (0: none).",
+            value=age or 0.0)
 
     def _remote_metrics(self) -> Iterator:
         remote = getattr(self.daemon, "remote", None)
@@ -157,6 +208,29 @@ class DaemonCollector(Collector):
         )
 
 
+def _copy(lat: Latency) -> Latency:
+    out = Latency()
+    out.count, out.errors, out.total_ns, out.buckets = (lat.count, lat.errors, lat.total_ns,
+                                                        list(lat.buckets))
+    return out
+
+
+def _histogram(name: str, doc: str, label: str | None, series: dict) -> HistogramMetricFamily:
+    """A histogram family from `Latency` objects (one series per label value)."""
+    bounds = bucket_bounds()
+    family = HistogramMetricFamily(name, doc, labels=[label] if label else None)
+    for value, lat in sorted(series.items()):
+        counts = list(lat.buckets)
+        running = 0
+        buckets = []
+        for bound, n in zip(bounds, counts, strict=False):
+            running += n
+            buckets.append((f"{bound:g}", running))
+        buckets.append(("+Inf", lat.count))
+        family.add_metric([value] if label else [], buckets, sum_value=lat.total_ns / 1e9)
+    return family
+
+
 class MetricsServer:
     """A running endpoint; close() stops it."""
 
@@ -186,6 +260,8 @@ def start_metrics_server(daemon, port: int | None) -> MetricsServer | None:
     if port is None:
         return None
     collector = DaemonCollector(daemon)
+    daemon.ops.tracer.always = True  # the histograms need every request
+    daemon.ops.tracer.update()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     ProcessCollector(registry=registry)  # memory, CPU, open descriptors of the daemon

@@ -102,3 +102,44 @@ def live_status(daemon) -> dict:
     if daemon.remote is not None:
         doc["remote"] = daemon.remote.status()
     return doc
+
+
+def perf_status(daemon) -> dict:
+    """Cumulative figures of a running daemon, cheap to gather once a second:
+    requests and their latencies by FUSE operation (timed while someone
+    watches), bytes, cache and tier hits, the upload backlog."""
+    ops = daemon.ops
+    store = daemon.store
+    doc = {
+        "time": time.time(),
+        "uptime_s": round(time.monotonic() - daemon.started, 3),
+        "step": store.get_step(),
+        "requests": dict(ops.counters.requests),
+        "latency": ops.tracer.latency.as_dict(),
+        "timed": ops.tracer.on,
+        "counters": ops.counters.as_dict(),
+        "chunk_cache": {"hits": store.chunks.cache_hits, "misses": store.chunks.cache_misses,
+                        "bytes": store.chunks.cache_bytes},
+        "open_files": len(ops.files.files),
+        "dirty_bytes": ops.files.dirty_bytes,
+        "access_log_readers": len(ops.tracer.log.readers),
+        "snapshot_latency": daemon.snapservice.latency.as_dict(),
+        "eviction_latency": daemon.evictor.latency.as_dict(),
+        "remote": None,
+    }
+    remote = daemon.remote
+    if remote is not None:
+        fetch = remote.fetcher.stats if remote.fetcher is not None else {}
+        up = remote.uploader.status() if remote.uploader is not None else {}
+        doc["remote"] = {
+            "state": remote.state,
+            "fetch_local": fetch.get("local", 0),
+            "fetch_downloads": fetch.get("downloads", 0),
+            "fetch_bytes": fetch.get("downloaded_bytes", 0),
+            "upload_backlog": up.get("backlog", 0),
+            "upload_backlog_bytes": up.get("backlog_bytes", 0),
+            "uploaded": up.get("uploaded", 0),
+            "sent_bytes": up.get("sent_bytes", 0),
+            "requests": remote.objstore.latency_dict(),
+        }
+    return doc

@@ -41,9 +41,11 @@ from . import (  # noqa: F401  (registers the verbs)
     gc,
     lifecycle,
     mount,
+    profile,
     ref,
     remote,
     snapshots,
+    stats,
     status,
     sync,
 )

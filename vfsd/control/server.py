@@ -108,6 +108,7 @@ class ControlServer:
             "copy": self.op_copy,
             "locate": self.op_locate, "sync": self.op_sync,
             "publish_status": self.op_publish_status,
+            "perf": self.op_perf,
         }
         # Requests that change files: refused once another worker holds the run.
         self.mutating = {"set_step", "evict", "set_status", "pin", "unpin", "restore"}
@@ -361,6 +362,19 @@ class ControlServer:
         from vfsd.status import live_status
 
         return live_status(self.daemon)
+
+    def op_perf(self, req: dict) -> dict:
+        """Cumulative request figures for `vfsd stats`, which diffs two of them;
+        requests are timed for `watch` seconds from now (default 5)."""
+        watch = _arg(req, "watch", (int, float), 5)
+        if isinstance(watch, bool) or not 0 <= watch <= 3600:
+            raise RequestError("bad_request", "'watch' must be 0 to 3600 seconds")
+        from vfsd.status import perf_status
+
+        tracer = self.ops.tracer
+        if watch:
+            tracer.watch(float(watch))
+        return perf_status(self.daemon)
 
     def op_get_step(self, req: dict) -> dict:
         return {"step": self.store.get_step()}

@@ -4,8 +4,9 @@
 (`cat .vfsd/status.json`, `tail .vfsd/evicted.ndjson`), the vfsd attributes
 of any file (`cat .vfsd/attr/notes/plan.md`: `.vfsd/attr/` mirrors the tree,
 each regular file shown as a JSON document of its step, status, pin, hash,
-tier and extended attributes) and retained snapshots (`.vfsd/snapshots/`, see
-`snapview`). The directory and its files are virtual: inode numbers far above
+tier, provenance and extended attributes), retained snapshots
+(`.vfsd/snapshots/`, see `snapview`) and, while someone reads it, a line per
+operation (`.vfsd/accesslog`, see `accesslog`). The directory and its files are virtual: inode numbers far above
 anything the store allocates, content rendered when a file is opened.
 
 The sandbox directories (`usr`, `etc`, `tmp`, ...) are where mount_tool's
@@ -33,7 +34,9 @@ NAME = b".vfsd"
 BASE = 1 << 62
 DIR_INO = BASE
 #: file name -> inode number
-FILES = {b"status.json": BASE + 1, b"evicted.ndjson": BASE + 2}
+FILES = {b"status.json": BASE + 1, b"evicted.ndjson": BASE + 2, b"accesslog": BASE + 3}
+#: `.vfsd/accesslog`: streamed while read (see `accesslog`)
+ACCESSLOG_INO = BASE + 3
 NAMES = {ino: name for name, ino in FILES.items()}
 #: `.vfsd/attr/`: the mirror of the volume root. The mirror of store inode N is
 #: MIRROR_BASE + N (store inode numbers stay far below 2**61).

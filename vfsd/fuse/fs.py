@@ -30,6 +30,7 @@ from vfsd.store.store import Store, now_ns
 
 from . import ctldir, snapview
 from .openfiles import OpenFiles, hash_hot_blocks
+from .tracer import Tracer
 
 log = structlog.get_logger("vfsd.fs")
 
@@ -66,49 +67,62 @@ _FREEING_OPS = frozenset({"unlink", "rmdir", "rename", "setattr", "removexattr"}
 
 
 def _guard(fn: Callable) -> Callable:
-    """Map storage errors to errnos and anything unexpected to EIO (logged)."""
+    """Map storage errors to errnos and anything unexpected to EIO (logged).
+
+    While someone looks (`tracer`), the request is timed and maybe logged; the
+    check is the only cost otherwise.
+    """
 
     op = fn.__name__
 
-    @functools.wraps(fn)
-    async def wrapper(self, *args):
-        requests = self.counters.requests
-        requests[op] = requests.get(op, 0) + 1
+    async def guarded(self, *args):
         for attempt in (0, 1):
             try:
                 return await fn(self, *args)
             except pyfuse3.FUSEError:
                 raise
-            except errors.StoreError as exc:
-                if not _disk_full(exc):
-                    if isinstance(exc, errors.Unavailable):
-                        pass  # the remote tier logged it; a reader gets EIO
-                    elif isinstance(exc, errors.Corrupt):
-                        log.error("store_damaged", op=fn.__name__, error=str(exc))
-                    elif exc.errno == errno.EIO:
-                        log.error("store_error", op=fn.__name__, error=str(exc))
-                    raise pyfuse3.FUSEError(exc.errno) from None
-                # Fall through to the disk-full handling below.
-                if attempt == 0 and fn.__name__ in _FREEING_OPS and \
-                        self.store.release_reserve():
-                    log.warning("store_disk_full_reserve_released", op=fn.__name__)
-                    continue
-                log.warning("store_disk_full", op=fn.__name__, error=str(exc))
-                raise pyfuse3.FUSEError(errno.ENOSPC) from None
-            except Exception as exc:
-                if not _disk_full(exc):
-                    log.exception("handler_failed", op=fn.__name__)
-                    raise pyfuse3.FUSEError(errno.EIO) from None
-                # The failed transaction changed nothing, so a retry is safe.
-                if attempt == 0 and fn.__name__ in _FREEING_OPS and \
-                        self.store.release_reserve():
-                    log.warning("store_disk_full_reserve_released", op=fn.__name__)
-                    continue
-                log.warning("store_disk_full", op=fn.__name__, error=str(exc))
-                raise pyfuse3.FUSEError(errno.ENOSPC) from None
+            except Exception as exc:  # noqa: BLE001 - mapped to an errno or EIO
+                self._failed(op, exc, attempt)
+        raise AssertionError("unreachable")
+
+    @functools.wraps(fn)
+    async def wrapper(self, *args):
+        requests = self.counters.requests
+        requests[op] = requests.get(op, 0) + 1
+        if self.tracer.on:
+            return await self.tracer.timed(self, op, guarded, args)
+        for attempt in (0, 1):
+            try:
+                return await fn(self, *args)
+            except pyfuse3.FUSEError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped to an errno or EIO
+                self._failed(op, exc, attempt)
         raise AssertionError("unreachable")
 
     return wrapper
+
+
+def _failed(self, op: str, exc: Exception, attempt: int) -> None:
+    """Raise the FUSEError for a handler's failure, or return to retry it once
+    (disk full on an operation that frees space, after releasing the reserve)."""
+    if isinstance(exc, errors.StoreError) and not _disk_full(exc):
+        if isinstance(exc, errors.Unavailable):
+            pass  # the remote tier logged it; a reader gets EIO
+        elif isinstance(exc, errors.Corrupt):
+            log.error("store_damaged", op=op, error=str(exc))
+        elif exc.errno == errno.EIO:
+            log.error("store_error", op=op, error=str(exc))
+        raise pyfuse3.FUSEError(exc.errno) from None
+    if not _disk_full(exc):
+        log.exception("handler_failed", op=op)
+        raise pyfuse3.FUSEError(errno.EIO) from None
+    # The failed transaction changed nothing, so a retry is safe.
+    if attempt == 0 and op in _FREEING_OPS and self.store.release_reserve():
+        log.warning("store_disk_full_reserve_released", op=op)
+        return
+    log.warning("store_disk_full", op=op, error=str(exc))
+    raise pyfuse3.FUSEError(errno.ENOSPC) from None
 
 
 class Counters:
@@ -139,6 +153,7 @@ class VfsdOperations(pyfuse3.Operations):
     DISK_RESERVE = 4 << 20
     #: attribute cache time for files open at the moment of the reply (seconds)
     OPEN_ATTR_TIMEOUT = 1.0
+    _failed = _failed
 
     def __init__(self, store: Store, openfiles: OpenFiles, *, entry_timeout: float = 3600.0,
                  durability: str = "fsync", quota=None, xattr_reads: bool = False) -> None:
@@ -157,6 +172,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.durability = durability
         self.lookups: dict[int, int] = {}
         self.counters = Counters()
+        self.tracer = Tracer()
         # Called before a write grows a file (bytes, ino) and before a file is
         # created; they evict to make room or raise NoSpace. Set by the daemon.
         self.quota = quota
@@ -618,6 +634,14 @@ class VfsdOperations(pyfuse3.Operations):
                 doc = json.dumps(await self.attr_document(ino)).encode() + b"\n"
                 return pyfuse3.FileInfo(fh=self.ctl.open_bytes(doc), direct_io=True,
                                         keep_cache=False)
+            if inode == ctldir.ACCESSLOG_INO:
+                fh = self.ctl.open_bytes(b"")
+                try:
+                    self.tracer.log.open(fh)
+                except pyfuse3.FUSEError:
+                    self.ctl.release(fh)
+                    raise
+                return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
             return pyfuse3.FileInfo(fh=await self.ctl.open(inode), direct_io=True,
                                     keep_cache=False)
         ino = self._ino(inode)
@@ -650,6 +674,8 @@ class VfsdOperations(pyfuse3.Operations):
         if fh > snapview.FH_BASE:
             return await self._snapview().read(fh, off, size)
         if fh > ctldir.BASE:
+            if fh in self.tracer.log.readers:
+                return await self.tracer.log.read(fh, size)
             return self.ctl.read(fh, off, size)
         of = self.files.get(fh)
         if of is None:
@@ -800,6 +826,7 @@ class VfsdOperations(pyfuse3.Operations):
             return
         if fh > ctldir.BASE:
             self.ctl.release(fh)
+            self.tracer.log.release(fh)
             return
         of = self.files.get(fh)
         if of is None:

@@ -23,6 +23,7 @@ import structlog
 import trio
 
 from vfsd import errors
+from vfsd.latency import Latencies
 from vfsd.rundir import RunDir
 from vfsd.snapshots.snapshots import SnapshotError, Snapshots, drop_volume, parse_id
 
@@ -50,6 +51,7 @@ class SnapshotService:
         self.store = snaps.store
         self.ops = daemon.ops
         self.lock = trio.Lock()
+        self.latency = Latencies()  # "snapshot", "restore": from the request to the reply
 
     async def _quiesce(self) -> None:
         """Get programs' writes into the store, as content objects.
@@ -80,10 +82,12 @@ class SnapshotService:
                        reuse: bool = False) -> dict:
         """Take a snapshot; with `reuse`, answer the base snapshot instead when
         the live tree has not changed since it (exact, and no new record)."""
+        t0 = time.perf_counter()
         async with self.lock:
             rec = await self._snapshot_locked(pinned, label, reuse)
             if rec.get("reused"):
                 return rec
+        self.latency["snapshot"].observe(time.perf_counter() - t0)
         remote = getattr(self.daemon, "remote", None)
         if remote is not None:
             remote.kick()  # published in the background (vfsd.remote.publisher)
@@ -179,6 +183,7 @@ class SnapshotService:
     # ------------------------------------------------------------ restore
 
     async def restore(self, ident: str) -> dict:
+        t0 = time.perf_counter()
         async with self.lock:
             self.snaps.get(ident)  # a clear error before any work
             await self._quiesce()
@@ -190,6 +195,7 @@ class SnapshotService:
                 files.reload(ino)
             self.ops._maybe_free(*res["unlinked"])
             await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
+        self.latency["restore"].observe(time.perf_counter() - t0)
         log.info("restored", id=res["id"], changed=res["changed"],
                  duration_ms=res["duration_ms"])
         # The kernel keeps its own size of a file held open (writeback cache)

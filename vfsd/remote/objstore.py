@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 # boto3 and botocore are imported by the first client made (`_make_client`) and by
 # `_translate`: a daemon without a remote never loads them (~11 MiB, ~250 ms).
 
+from vfsd.latency import Latencies
+
 # --------------------------------------------------------------------- errors
 
 
@@ -334,6 +336,8 @@ class ObjectStore:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self.stats = {"requests": 0, "retries": 0, "errors": 0, "bytes_up": 0, "bytes_down": 0}
+        #: per request kind ("get", "put", "list", ...): each attempt's time, under `_lock`
+        self.latency = Latencies()
         self._client = self._make_client()
 
     # ------------------------------------------------------------- setup
@@ -581,6 +585,15 @@ class ObjectStore:
         with self._lock:
             self.stats[name] += n
 
+    def _timed(self, op: str, t0: float, failed: bool) -> None:
+        with self._lock:
+            self.latency[op].observe(time.perf_counter() - t0, failed)
+
+    def latency_dict(self) -> dict:
+        """`latency` as plain numbers (a consistent copy)."""
+        with self._lock:
+            return self.latency.as_dict()
+
     def attempt_bound(self) -> float:
         """Seconds one attempt may wait on the server before it is given up."""
         return self.settings.connect_timeout + self.settings.read_timeout
@@ -605,11 +618,16 @@ class ObjectStore:
                     f"{max(0.0, deadline - time.monotonic()):.1f} s away")
             attempt += 1
             self._count("requests")
+            t0 = time.perf_counter()
             try:
-                return fn()
+                result = fn()
+                self._timed(op, t0, False)
+                return result
             except RemoteError:
+                self._timed(op, t0, True)
                 raise
             except Exception as exc:  # noqa: BLE001 - every boto failure is translated
+                self._timed(op, t0, True)
                 error = self._translate(op, key, exc, conflict_is_transient)
             self._count("errors")
             if not isinstance(error, RemoteUnavailable) or attempt >= s.max_attempts:
