@@ -194,6 +194,31 @@ def test_fork_refuses_bad_targets(run, tmp_path: Path) -> None:
         assert why in err["message"], err
 
 
+def test_fork_over_an_existing_run_dir_is_refused_and_hides_nothing(run, run_factory,
+                                                                     tmp_path: Path) -> None:
+    # Issue 20, item 2: B had its own store (the default, no store.json) and an
+    # unmounted, empty fs/; the fork wrote B/.vfsd/store.json and from then on
+    # `vfsd mount B` showed the fork, never B's own files.
+    (run.root / "a.txt").write_text("from A\n")
+    s = snap(run)
+    b = run_factory("b")
+    (b.root / "mine.txt").write_text("B's own\n")
+    b.umount()
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "notes").write_text("not a run dir\n")
+    for target in (b.run_dir, odd):
+        proc = vfsd_cli("fork", run.run_dir, s, target, check=False)
+        assert proc.returncode != 0 and "not empty" in proc.stderr, proc.stderr
+    assert not (b.state_dir / "store.json").exists()
+    assert sorted(os.listdir(odd)) == ["notes"]
+    b.mount()
+    assert sorted(os.listdir(b.root)) == ["mine.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    vfsd_cli("fork", run.run_dir, s, empty)  # an empty directory is a fine target
+
+
 def test_retention_keeps_last_n_and_pinned(run_factory) -> None:
     r = run_factory("ret", "--snapshot-keep-last", "2", "--snapshot-keep-steps", "0")
     (r.root / "f").write_text("0")

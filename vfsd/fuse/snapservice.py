@@ -22,7 +22,7 @@ import pyfuse3
 import structlog
 import trio
 
-from vfsd import errors
+from vfsd import STATE_DIRNAME, errors
 from vfsd.latency import Latencies
 from vfsd.rundir import RunDir
 from vfsd.snapshots.snapshots import SnapshotError, Snapshots, drop_volume, parse_id
@@ -317,12 +317,23 @@ class SnapshotService:
                 raise SnapshotError(f"{path} is inside {other}: pick a directory elsewhere")
 
     def _check_fork_target(self, new: RunDir) -> None:
-        """Checks that look at the filesystem (in a worker thread)."""
+        """Checks that look at the filesystem (in a worker thread). The target
+        must not exist or be an empty directory: a run dir with a store of
+        its own (`.vfsd/` without `store.json`) would otherwise be pointed at
+        the fork, hiding its own files."""
         self._refuse_inside(Path(os.path.realpath(new.path)))
-        if new.store_file.exists():
-            raise SnapshotError(f"{new.path} is already a run dir")
-        if new.mountpoint.exists() and any(new.mountpoint.iterdir()):
-            raise SnapshotError(f"{new.mountpoint} is not empty")
+        try:
+            with os.scandir(new.path) as it:
+                held = sorted(e.name for e in it)
+        except FileNotFoundError:
+            return
+        except NotADirectoryError:
+            raise SnapshotError(f"{new.path} exists and is not a directory") from None
+        if held:
+            shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+            what = "a run dir" if STATE_DIRNAME in held else "a directory"
+            raise SnapshotError(f"{new.path} is not empty ({what} holding {shown}): fork "
+                                "into a new or empty directory")
 
     def _new_volume(self, name: str, rec: dict, *, copied_from: list | None = None):
         store = self.store
