@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -287,3 +288,46 @@ def test_an_import_cut_short_is_done_again_from_scratch(s3, base, tmp_path):
         assert sorted(p.name for p in t.root.iterdir()) == ["big.bin", "dir", "small.txt"]
     finally:
         t.umount()
+
+
+# ------------------------------------------------------------------ endpoint URL
+
+
+def _dead_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("source", ["AWS_ENDPOINT_URL", "profile"])
+@pytest.mark.parametrize("answers", [True, False])
+def test_an_endpoint_url_with_a_password_is_refused_and_never_shown(s3, base, tmp_path,
+                                                                     monkeypatch, source,
+                                                                     answers):
+    """item 5: `http://user:PASS@host` in AWS_ENDPOINT_URL reached `vfsd mount`'s
+    output, `vfsd status` and vfsd.log; the TOML option refused it, the
+    environment (or an AWS profile) was never checked."""
+    secret = "s3cr3t-" + secrets.token_hex(4)
+    host = s3.endpoint_url.split("//", 1)[1] if answers else f"127.0.0.1:{_dead_port()}"
+    leaky = f"http://vfsd:{secret}@{host}"
+    if source == "AWS_ENDPOINT_URL":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", leaky)
+    else:
+        monkeypatch.delenv("AWS_ENDPOINT_URL")
+        config = tmp_path / "aws-config"
+        config.write_text(f"[profile leaky]\nendpoint_url = {leaky}\n")
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+        monkeypatch.setenv("AWS_PROFILE", "leaky")
+    target = MountedRun(tmp_path / "t", ("--remote", base.url, *FAST))
+    proc = vfsd_cli("mount", target.run_dir, *target.extra_args, check=False)
+    if is_mounted(target.root):
+        status_text = vfsd_cli("status", target.run_dir, "--json", check=False).stdout
+        target.cleanup()
+    else:
+        status_text = ""
+    shown = proc.stdout + proc.stderr + status_text + target.log_text()
+    gc = vfsd_cli("gc", "--remote", base.url, "--dry-run", check=False)
+    shown += gc.stdout + gc.stderr
+    assert secret not in shown
+    assert proc.returncode == 1 and "credentials" in proc.stderr, proc.stderr
+    assert gc.returncode != 0 and "credentials" in gc.stderr, gc.stderr

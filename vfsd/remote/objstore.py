@@ -309,6 +309,14 @@ def _epoch(value) -> float:
     return value.timestamp() if hasattr(value, "timestamp") else 0.0
 
 
+def _carries_credentials(endpoint: str) -> bool:
+    try:
+        parts = urlsplit(endpoint or "")
+        return parts.username is not None or parts.password is not None
+    except ValueError:
+        return "@" in (endpoint or "")
+
+
 def _is_aws(endpoint: str) -> bool:
     host = urlsplit(endpoint).hostname or ""
     return host.endswith((".amazonaws.com", ".amazonaws.com.cn"))
@@ -389,6 +397,16 @@ class ObjectStore:
                 raise RemoteError(f"cannot set up the S3 client for {self.url}: {exc}") from None
 
         made = client("path" if s.addressing_style == "auto" else s.addressing_style)
+        if _carries_credentials(made.meta.endpoint_url):
+            made.close()
+            # Whatever set it (the option refuses it; AWS_ENDPOINT_URL or a
+            # profile's endpoint_url did not), it would be shown in every
+            # message and log line that names the endpoint: never used.
+            raise RemoteAccessDenied(
+                "the S3 endpoint URL carries credentials (user:password@), from "
+                "AWS_ENDPOINT_URL or the AWS profile's endpoint_url; vfsd takes none in a URL: "
+                "remove them and use AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile or "
+                "remote_credentials_file")
         self.endpoint = made.meta.endpoint_url
         if s.addressing_style == "auto" and _is_aws(self.endpoint):
             # AWS prefers the bucket in the host name; other stores (an endpoint
