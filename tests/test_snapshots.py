@@ -216,7 +216,7 @@ def test_fork_over_an_existing_run_dir_is_refused_and_hides_nothing(run, run_fac
     assert sorted(os.listdir(b.root)) == ["mine.txt"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    vfsd_cli("fork", run.run_dir, s, empty)  # an empty directory is a fine target
+    vfsd_cli("fork", run.run_dir, s, empty, "--no-mount")  # an empty directory will do
 
 
 def test_retention_keeps_last_n_and_pinned(run_factory) -> None:
