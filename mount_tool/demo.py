@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from deepagents import create_deep_agent
+from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -65,6 +67,36 @@ class ScriptedChatModel(GenericFakeChatModel):
 
     def bind_tools(self, tools: Any, *, tool_choice: Any = None, **kwargs: Any) -> Any:
         return self
+
+
+class ConversationChatModel(BaseChatModel):
+    """A stand-in chat model whose reply is `reply(messages)`: it depends on the
+    conversation only, so one instance serves any number of threads at once
+    (a LangGraph server's graph has one model for every thread)."""
+
+    reply: Callable[[list[BaseMessage]], AIMessage]
+
+    @property
+    def _llm_type(self) -> str:
+        return "vfsd-conversation-script"
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self.reply(list(messages)))])
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: Any = None,
+                         run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        return self._generate(messages)  # no I/O: no need for a worker thread
+
+    def bind_tools(self, tools: Any, *, tool_choice: Any = None, **kwargs: Any) -> Any:
+        return self
+
+
+def conversation_model(reply: Callable[[list[BaseMessage]], AIMessage]) -> ConversationChatModel:
+    """A model answering each conversation with `reply(messages)` (see
+    ConversationChatModel); the huge context window keeps deepagents'
+    summarization from calling it."""
+    return ConversationChatModel(reply=reply, profile={"max_input_tokens": 10**9})
 
 
 def scripted_model(messages: Iterable[AIMessage]) -> ScriptedChatModel:
