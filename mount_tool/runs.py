@@ -57,6 +57,8 @@ THREAD_RECORD = "thread.json"
 #: a thread id longer than this (in UTF-8 bytes) is refused
 MAX_THREAD_ID_BYTES = 64 * 1024
 DEFAULT_MAX_MOUNTED = 64
+#: the file bytes a thread's snapshots may record (`snapshot_keep_bytes`)
+DEFAULT_SNAPSHOT_BUDGET = 1 << 30
 #: seconds a thread copy may take (the daemon copies a batch per loop turn)
 COPY_TIMEOUT = 3600.0
 
@@ -158,6 +160,11 @@ class Runs:
         self.threads_dir = self.root / THREADS_DIR
         options = dict(mount_options)
         options.setdefault("store", self.root / STORE_DIR)
+        # Snapshots live as long as the checkpoints that name them (the
+        # VfsdCheckpointer releases them), within a byte budget per thread.
+        options.setdefault("snapshot_keep_last", 0)
+        options.setdefault("snapshot_keep_steps", 0)
+        options.setdefault("snapshot_keep_bytes", DEFAULT_SNAPSHOT_BUDGET)
         self.mount_options = options
         self.max_mounted = max_mounted
         self.idle_timeout = None if idle_timeout is None else float(idle_timeout)

@@ -449,6 +449,7 @@ def test_mount_snapshot_api(mnt, tmp_path):
         "run": mnt.snapshot_state()["run"],
         "forked_from": None,
         "copied_from": [],
+        "bytes": 3,  # the file bytes the snapshots record: notes.md's "one"
     }
     mnt.write("notes.md", "two")
     mnt.write("extra.txt", "x")

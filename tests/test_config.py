@@ -71,6 +71,7 @@ def non_defaults(alt: bool = False) -> dict:
         "xattr_reads": not alt,
         "snapshot_keep_last": 8 if alt else 16,
         "snapshot_keep_steps": 5 if alt else 10,
+        "snapshot_keep_bytes": (3 << 30) if alt else (2 << 30),
         "remote_url": "s3://other-bucket/p" if alt else "s3://a-bucket/runs",
         "remote_endpoint_url": "http://127.0.0.1:9" if alt else "https://s3.example.com",
         "remote_region": "eu-west-3" if alt else "eu-central-1",

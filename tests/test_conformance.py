@@ -109,3 +109,27 @@ def test_conformance(kind, wrapper, request, tmp_path):
     assert ours["copy_thread"][:2] == (True, True)  # on every saver
     assert {cap for cap, r in ours.items() if r[0]} >= {"put", "put_writes", "get_tuple", "list",
                                                          "delete_thread"}
+
+
+def test_prune_releases_the_snapshots_of_dropped_checkpoints(request, tmp_path):
+    from test_runs import loop_graph
+
+    postgres = saver_factory("postgres", request)
+
+    async def main():
+        async with postgres() as inner, mount_tool.runs(tmp_path / "runs") as runs:
+            saver = VfsdCheckpointer(inner, runs)
+            assert hasattr(type(saver), "aprune")  # AsyncPostgresSaver has it, so we do
+            app = loop_graph(runs, 6).compile(checkpointer=saver)
+            config = {"configurable": {"thread_id": "pruned"}}
+            await app.ainvoke({}, config)
+            m = runs.get("pruned")
+            before = [s["id"] for s in m.snapshots()]
+            await saver.aprune(["pruned"], strategy="keep_latest")
+            left = [t async for t in inner.alist(config)]
+            named = {t.metadata["vfsd"]["snapshot"] for t in left}
+            after = [s["id"] for s in m.snapshots()]
+            assert len(before) >= 6 and set(after) == named | {before[-1]}
+            assert await asyncio.to_thread(saver.restorable, left[0].config)
+
+    asyncio.run(main())

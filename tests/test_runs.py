@@ -9,9 +9,11 @@ InMemorySaver.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import time
 import uuid
+from typing import Annotated, TypedDict
 
 import pytest
 
@@ -20,10 +22,12 @@ pytest.importorskip("langgraph")
 from ckpt_graph import AFTER_V2, MOUNT_OPTIONS, at_step, build, observe  # noqa: E402
 from conftest import tree, vfsd_cli  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 import mount_tool  # noqa: E402
 from mount_tool import SnapshotUnavailable, ThreadIdError  # noqa: E402
 from mount_tool.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
+from mount_tool.langgraph import FilesChannel, write_artifact  # noqa: E402
 from mount_tool.runs import THREAD_RECORD, thread_dir_name  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
@@ -231,3 +235,61 @@ def test_checkpoints_from_before_a_thread_had_files(runs):
     m = runs.get(thread)
     assert before in {s["id"] for s in m.snapshots()}
     assert (m.root / ".vfsd" / "snapshots" / before / "b.txt").read_text() == "late"
+
+
+class LoopState(TypedDict, total=False):
+    files: FilesChannel
+    n: int
+    seen: Annotated[list[str], operator.add]
+
+
+def loop_graph(runs, turns: int):
+    """A graph writing a new version of log.txt (~24 KB) and one more file per
+    turn; `seen` keeps the first line of log.txt each turn found."""
+    def turn(state: LoopState) -> dict:
+        n = state.get("n", 0) + 1
+        with runs.use(runs.thread_of()) as m:
+            log = m.root / "log.txt"
+            seen = log.read_text().split("\n", 1)[0] if log.exists() else ""
+        update = write_artifact(runs, "log.txt", f"turn {n}\n" * 3000)
+        update["files"].update(write_artifact(runs, f"t/{n}.txt", str(n))["files"])
+        return {**update, "n": n, "seen": [seen]}
+
+    g = StateGraph(LoopState)
+    g.add_node("turn", turn)
+    g.add_edge(START, "turn")
+    g.add_conditional_edges("turn", lambda s: END if s["n"] >= turns else "turn")
+    return g
+
+
+def test_files_live_as_long_as_their_checkpoints(runs):
+    """Beyond the daemon's default retention (32 snapshots, 20 steps), every
+    checkpoint a saver keeps still brings its files back."""
+    saver = VfsdCheckpointer(InMemorySaver(), runs)
+    app = loop_graph(runs, 45).compile(checkpointer=saver)
+    thread = fresh("long")
+    app.invoke({}, config(thread))
+    history = list(app.get_state_history(config(thread)))
+    assert len(history) > 45 and all(saver.restorable(s.config) for s in history)
+    first = next(s for s in history if s.values.get("n") == 1)
+    replay = app.invoke(None, first.config)  # from turn 1, 44 turns and snapshots ago
+    assert replay["seen"][:2] == ["", "turn 1"]  # turn 2 found turn 1's files
+    assert sorted(int(p.stem) for p in (runs.get(thread).root / "t").iterdir()) == \
+        list(range(1, 46))
+
+
+def test_byte_budget_drops_the_oldest_and_says_so(tmp_path):
+    with mount_tool.runs(tmp_path / "budget", snapshot_keep_bytes="150KiB") as few:
+        saver = VfsdCheckpointer(InMemorySaver(), few)
+        app = loop_graph(few, 12).compile(checkpointer=saver)
+        thread = fresh("budget")
+        app.invoke({}, config(thread))
+        history = list(app.get_state_history(config(thread)))
+        kept = [saver.restorable(s.config) for s in history]  # newest first
+        assert kept[0] and not kept[-2]  # the newest stays, the oldest went
+        m = few.get(thread)
+        assert m.snapshot_state()["bytes"] <= 150 * 1024
+        early = next(s for s in history if s.values.get("n") == 1)
+        with pytest.raises(SnapshotUnavailable, match="byte budget"):
+            app.invoke(None, early.config)
+        assert "snapshot_budget" in (few.run_dir(thread) / ".vfsd" / "vfsd.log").read_text()

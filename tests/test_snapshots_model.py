@@ -218,8 +218,9 @@ class SnapshotMachine(RuleBasedStateMachine):
         for ino in res["unlinked"]:
             self.store.free_inode(ino)
         assert live_tree(self.store, self.files) == self.recorded[seq]
-        assert self.snaps.state() == {"base": f"s{seq}", "last": self.snaps.state()["last"],
-                                      "changed": False}
+        state = self.snaps.state()
+        assert state == {"base": f"s{seq}", "last": state["last"], "changed": False,
+                         "bytes": state["bytes"]}
 
     @precondition(lambda self: self.recorded)
     @rule(i=st.integers(0, 10))

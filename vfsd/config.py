@@ -22,7 +22,8 @@ class ConfigError(ValueError):
 
 
 #: options that are byte counts: they take a number or a size with a unit
-SIZE_OPTIONS = ("inline_max", "chunk_size", "quota_bytes", "remote_cache_bytes")
+SIZE_OPTIONS = ("inline_max", "chunk_size", "quota_bytes", "remote_cache_bytes",
+                "snapshot_keep_bytes")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtpe]?)(i?)(b?)\s*", re.IGNORECASE)
 _SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 
@@ -72,6 +73,9 @@ class Config:
     #: pinned ones always
     snapshot_keep_last: int = 32
     snapshot_keep_steps: int = 20
+    #: the file bytes retained snapshots may record; beyond, the oldest unpinned
+    #: ones go (never the newest). None: no bound
+    snapshot_keep_bytes: int | None = None
     xattr_reads: bool = False
     # The object store tier (`vfsd.remote.objstore`). Endpoint and credentials come
     # from the standard AWS chain (AWS_* environment variables, ~/.aws/config
@@ -112,7 +116,7 @@ class Config:
         for name in ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
                      "max_tasks", "snapshot_keep_last", "snapshot_keep_steps"):
             positive(name, getattr(self, name))
-        for name in ("quota_bytes", "max_files", "metrics_port"):
+        for name in ("quota_bytes", "max_files", "metrics_port", "snapshot_keep_bytes"):
             positive(name, getattr(self, name), allow_none=True)
         if not 4096 <= self.chunk_size <= 64 << 20:
             raise ConfigError(f"chunk_size must be between 4 KiB and 64 MiB, got {self.chunk_size}")
@@ -138,8 +142,6 @@ class Config:
             raise ConfigError(f"metrics_port must be between 1 and 65535, got {self.metrics_port}")
         if self.max_tasks < 1:
             raise ConfigError("max_tasks must be at least 1")
-        if self.snapshot_keep_last < 1:
-            raise ConfigError("snapshot_keep_last must be at least 1")
         self._validate_remote()
         return self
 

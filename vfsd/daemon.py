@@ -164,7 +164,8 @@ class Daemon:
         self.evictor = Evictor(self.store, self.ops, self.config)
         self.settler = Settler(files)
         self.snapshots = Snapshots(self.store, keep_last=self.config.snapshot_keep_last,
-                                   keep_steps=self.config.snapshot_keep_steps)
+                                   keep_steps=self.config.snapshot_keep_steps,
+                                   keep_bytes=self.config.snapshot_keep_bytes)
         self.snapservice = SnapshotService(self, self.snapshots)
         self.ops.snapview = SnapshotView(self.snapshots, self.ops)
         self._prepare_remote()

@@ -156,6 +156,10 @@ class SnapshotService:
         deleted = self.snaps.apply_retention()
         for ident in deleted:
             self._forget_view(ident)
+        if self.snaps.budget_deleted:
+            log.warning("snapshot_budget", deleted=self.snaps.budget_deleted,
+                        keep_bytes=self.snaps.keep_bytes,
+                        recorded_bytes=self.store.meta_u64(b"snap_bytes"))
         return deleted
 
     def apply_retention(self) -> list[str]:

@@ -36,6 +36,7 @@ from vfsd import RESERVED_ROOT_NAMES, errors
 from vfsd.snapshots.snapshots import (
     clear_volume,
     drop_volume,
+    entry_bytes,
     put_inode_entry,
     snapshot_id,
     unpack_inode_entry,
@@ -260,6 +261,7 @@ def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
     # Inodes first, so every name added later points at an existing inode.
     okeys = sorted(snap.state, key=lambda k: (k[:1] != b"i", k))
     max_ino = ROOT_INO
+    recorded = 0  # the file bytes the imported snapshot records (`snap_bytes`)
     for start in range(0, len(okeys), BATCH):
         part = okeys[start:start + BATCH]
         with st.txn(write=True) as txn, st.batched_counters(txn):
@@ -277,6 +279,7 @@ def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
                                   _U64.unpack(value)[0])
                 txn.put(vb + okey + _U64.pack(seq), value, db=st.db["sver"])
                 txn.put(vb + _U64.pack(seq) + okey, b"", db=st.db["sgen"])
+                recorded += entry_bytes(okey, value)
             for ref, n in refs.items():
                 st.content.adopt(txn, ref, snap.sizes[ref], n,
                                  blob=snap.blobs.get(ref_digest(ref)))
@@ -288,7 +291,8 @@ def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
     with st.txn(write=True) as txn:
         txn.put(vb + _U64.pack(seq), json.dumps(record).encode(), db=st.db["snap"])
         for key, value in ((b"snap_seq", max(seq, latest)), (b"snap_base", seq),
-                           (b"step", top.step), (b"next_ino", max_ino + 1)):
+                           (b"step", top.step), (b"next_ino", max_ino + 1),
+                           (b"snap_bytes", recorded)):
             txn.put(st._vp + key, _U64.pack(value), db=meta)
         if remotestate.remote_url(st) is None:
             remotestate.set_remote_url(txn, st, remote_url)

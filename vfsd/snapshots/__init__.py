@@ -34,8 +34,11 @@ big-endian; `okey` is an object key):
 `meta`    per volume: `snap_seq` (u64, the last seq taken; 0 = never: nothing
           is tracked until the first snapshot, which records the whole tree),
           `snap_base` (u64, the snapshot the live tree comes from: the last
-          one taken, or the one restored) and `base_changed` (present once
-          the live tree changed after that).
+          one taken, or the one restored), `base_changed` (present once
+          the live tree changed after that) and `snap_bytes` (u64, the file
+          bytes the retained entries record: the sum of the sizes of the
+          regular-file inode entries in `sver`; what `snapshot_keep_bytes`
+          bounds).
 
 The state of object K at snapshot S is its entry with the greatest seq <= S
 (none: K did not exist). Invariants (checked by `fsck`):

@@ -136,6 +136,16 @@ def put_inode_entry(txn, dest: Store, ino: int, value: bytes, refs: Counter) -> 
     dest._put_inode(txn, inode)
 
 
+def entry_bytes(okey: bytes, value: bytes) -> int:
+    """The file bytes an entry records: a regular file's size, else 0."""
+    if not value or okey[:1] != b"i":
+        return 0
+    _version, isize = _ENTRY_HEAD.unpack_from(value)
+    inode = Inode.unpack(_U64.unpack(okey[1:9])[0],
+                         value[_ENTRY_HEAD.size:_ENTRY_HEAD.size + isize])
+    return inode.size if inode.is_reg else 0
+
+
 def entry_refs(okey: bytes, value: bytes) -> list[bytes]:
     """Content references an entry holds."""
     if not value or okey[:1] != b"i":
@@ -166,13 +176,18 @@ def okey_len(buf: bytes, pos: int) -> int:
 class Snapshots:
     """The snapshots of the store's volume."""
 
-    def __init__(self, store: Store, *, keep_last: int = 32, keep_steps: int = 20) -> None:
-        if keep_last < 1:
-            raise ValueError("keep_last must be at least 1")
+    def __init__(self, store: Store, *, keep_last: int = 32, keep_steps: int = 20,
+                 keep_bytes: int | None = None) -> None:
+        if keep_last < 0:
+            raise ValueError("keep_last must be at least 0 (0: no count rule)")
         self.store = store
         self.db = store.db
         self.keep_last = keep_last
         self.keep_steps = keep_steps
+        #: bound on the file bytes the snapshots record (`bytes`); None: none
+        self.keep_bytes = keep_bytes
+        #: what the byte budget deleted in the last `apply_retention`
+        self.budget_deleted: list[str] = []
         #: seqs that must survive retention for now (a fork reading them)
         self.held: Counter = Counter()
 
@@ -280,6 +295,7 @@ class Snapshots:
             while cur.key()[:4] == vb:
                 if not cur.delete() or not cur.key():
                     break
+        self._set_meta(txn, b"snap_bytes", 0)
         return self.store.content.apply(txn, refs)
 
     def first_read(self, view, after, limit: int):
@@ -363,12 +379,18 @@ class Snapshots:
         txn.put(self._vb + _U64.pack(seq) + okey, b"", db=self.db["sgen"])
         for ref in entry_refs(okey, value):
             refs[ref] += 1
+        self._count_bytes(txn, entry_bytes(okey, value))
 
     def _drop_entry(self, txn, okey: bytes, seq: int, value: bytes, refs: Counter) -> None:
         txn.delete(self._sver_key(okey, seq), db=self.db["sver"])
         txn.delete(self._vb + _U64.pack(seq) + okey, db=self.db["sgen"])
         for ref in entry_refs(okey, value):
             refs[ref] -= 1
+        self._count_bytes(txn, -entry_bytes(okey, value))
+
+    def _count_bytes(self, txn, delta: int) -> None:
+        if delta:
+            self._set_meta(txn, b"snap_bytes", max(0, self._meta(txn, b"snap_bytes") + delta))
 
     def _next_entry_seq(self, txn, okey: bytes, seq: int) -> int | None:
         prefix = self._vb + okey
@@ -494,9 +516,11 @@ class Snapshots:
             base = self._meta(txn, b"snap_base")
             last = self._meta(txn, b"snap_seq")
             changed = self._meta(txn, b"base_changed")
+            recorded = self._meta(txn, b"snap_bytes")
         return {"base": snapshot_id(base) if base else None,
                 "last": snapshot_id(last) if last else None,
-                "changed": bool(changed) or not base}
+                "changed": bool(changed) or not base,
+                "bytes": recorded}
 
     # ---------------------------------------------------------- retention
 
@@ -509,16 +533,40 @@ class Snapshots:
         return rec
 
     def apply_retention(self) -> list[str]:
-        """Delete snapshots that policy no longer keeps; their ids."""
+        """Delete snapshots that policy no longer keeps; their ids.
+
+        The count rule (`keep_last`; 0: none) and the age rule (`keep_steps`;
+        0: none) keep a snapshot if either does; pinned and held ones always
+        stay. Then the byte budget (`keep_bytes`): while the file bytes the
+        snapshots record exceed it, the oldest unpinned one goes, never the
+        newest."""
         snaps = self.list()
         step = self.store.get_step()
-        keep = {s["seq"] for s in snaps[-self.keep_last:]}
-        doomed = [s["seq"] for s in snaps
-                  if s["seq"] not in keep and not s["pinned"] and not self.held[s["seq"]]
-                  and not (self.keep_steps and step - s["step"] < self.keep_steps)]
+        if self.keep_last or self.keep_steps:
+            keep = {s["seq"] for s in snaps[-self.keep_last:]} if self.keep_last else set()
+            doomed = [s["seq"] for s in snaps
+                      if s["seq"] not in keep and not s["pinned"] and not self.held[s["seq"]]
+                      and not (self.keep_steps and step - s["step"] < self.keep_steps)]
+        else:
+            doomed = []
         for seq in doomed:
             self._delete(seq, "retention")
-        return [snapshot_id(s) for s in doomed]
+        return [snapshot_id(s) for s in doomed] + self._apply_budget()
+
+    def _apply_budget(self) -> list[str]:
+        self.budget_deleted: list[str] = []
+        if self.keep_bytes is None:
+            return []
+        gone = self.budget_deleted
+        while self.store.meta_u64(b"snap_bytes") > self.keep_bytes:
+            snaps = self.list()
+            victims = [s for s in snaps[:-1] if not s["pinned"] and not self.held[s["seq"]]]
+            if not victims:
+                break
+            self._delete(victims[0]["seq"],
+                         f"byte budget (snapshot_keep_bytes {self.keep_bytes})")
+            gone.append(snapshot_id(victims[0]["seq"]))
+        return gone
 
     def delete(self, ident: str) -> dict:
         seq = parse_id(ident)
@@ -931,6 +979,7 @@ class Snapshots:
                     break
                 with dest.txn(write=True) as txn:
                     refs: Counter = Counter()
+                    recorded = 0
                     for key, value in rows:
                         seq_raw = key[4:12] if where == "head" else key[-8:]
                         if _U64.unpack(seq_raw)[0] > upto:
@@ -939,7 +988,13 @@ class Snapshots:
                         if table == "sver":
                             for ref in entry_refs(key[4:-8], value):
                                 refs[ref] += 1
+                            recorded += entry_bytes(key[4:-8], value)
                     dest.apply_refs(txn, refs)
+                    if recorded:
+                        key = dest._vp + b"snap_bytes"
+                        raw = txn.get(key, db=self.db["meta"])
+                        txn.put(key, _U64.pack((_U64.unpack(raw)[0] if raw else 0) + recorded),
+                                db=self.db["meta"])
                 after = rows[-1][0]
                 yield table, len(rows)
 
