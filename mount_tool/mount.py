@@ -543,15 +543,18 @@ class Mount:
         doc.setdefault("copied_from", [])
         return doc
 
-    def restore(self, snapshot_id: str) -> dict[str, Any]:
+    def restore(self, snapshot_id: str, *, force: bool = False) -> dict[str, Any]:
         """Make the live tree exactly snapshot `snapshot_id` (files made since
         disappear, changed files revert, evicted ones return) and set the step
         back to the snapshot's: {"id", "step", "changed", ...}.
 
         Raises ControlError("not_found") with the daemon's reason when the
-        snapshot was deleted (retention or by request).
+        snapshot was deleted (retention or by request), and
+        ControlError("files_open"), naming the processes, when the restore
+        would change a file a process holds open for writing (unless `force`).
         """
-        return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id))
+        return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
+                                force=bool(force))
 
     def delete_snapshot(self, snapshot_id: str) -> dict[str, Any]:
         """Delete a snapshot; content that only it kept is freed."""

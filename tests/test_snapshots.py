@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -79,14 +80,15 @@ def test_snapshot_view_restore_as_the_shell_sees_it(run) -> None:
 def test_open_file_across_restore(run) -> None:
     """A file held open across a restore reads the restored bytes; the kernel
     keeps the size it had (writeback cache) until the file is closed, and the
-    restore reply names such files. A fresh open sees exactly the snapshot."""
+    restore reply names such files. A fresh open sees exactly the snapshot.
+    (This process holds it open for writing: only --force restores over it.)"""
     root = run.root
     (root / "f").write_text("old\n")
     snap(run)
     with open(root / "f", "r+") as f:
         f.write("new content\n")
         f.flush()
-        res = json.loads(vfsd_cli("restore", run.run_dir, "s1", "--json").stdout)
+        res = json.loads(vfsd_cli("restore", run.run_dir, "s1", "--force", "--json").stdout)
         assert res["open_files"] == ["f"]
         f.seek(0)
         assert f.read(4) == "old\n"
@@ -217,6 +219,47 @@ def test_fork_over_an_existing_run_dir_is_refused_and_hides_nothing(run, run_fac
     empty = tmp_path / "empty"
     empty.mkdir()
     vfsd_cli("fork", run.run_dir, s, empty, "--no-mount")  # an empty directory will do
+
+
+WRITER = """
+import mmap, sys
+f = open(sys.argv[1], "r+b")
+f.seek(0)
+f.write(b"changed by the writer")
+f.flush()
+if sys.argv[2] == "mmap":
+    m = mmap.mmap(f.fileno(), 0)
+    f.close()  # no descriptor left: only the shared writable mapping
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("how", ["fd", "mmap"])
+def test_restore_refuses_files_open_for_writing_and_names_the_processes(run, how) -> None:
+    # Issue 20: a restore while a process kept writing a database in the mount
+    # corrupted it in every round; restore only listed the open files after.
+    (run.root / "app.db").write_bytes(b"as in the snapshot".ljust(8192, b"."))
+    (run.root / "log.txt").write_text("kept open, never changed\n")
+    s = snap(run)
+    reader = open(run.root / "log.txt", "a")  # open for writing, unchanged since s
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run.root / "app.db"), how],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "ready\n"
+        proc = vfsd_cli("restore", run.run_dir, s, check=False)
+        assert proc.returncode != 0, proc.stdout
+        assert "app.db" in proc.stderr and f"pid {writer.pid} python" in proc.stderr, proc.stderr
+        assert "log.txt" not in proc.stderr
+        assert (run.root / "app.db").read_bytes().startswith(b"changed by the writer")
+        with connect(run.run_dir) as c:
+            assert c.error("restore", snapshot=s)["code"] == "files_open"
+        vfsd_cli("restore", run.run_dir, s, "--force")
+        assert (run.root / "app.db").read_bytes().startswith(b"as in the snapshot")
+    finally:
+        writer.communicate("")
+        reader.close()
+    vfsd_cli("restore", run.run_dir, s)  # nobody writes now: no refusal
 
 
 def test_retention_keeps_last_n_and_pinned(run_factory) -> None:

@@ -151,6 +151,23 @@ def mounted_paths() -> set[bytes]:
         return set()
 
 
+def mount_ids(path: Path) -> tuple[int, int, int] | None:
+    """(mount id, device major, minor) of the mount on `path` (symlinks
+    resolved), as /proc names it in fdinfo and maps; None if none."""
+    want = os.fsencode(os.path.realpath(path))
+    found = None
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            for line in f:
+                fields = line.split(b" ")
+                if _unescape_mountinfo(fields[4]) == want:
+                    major, minor = fields[2].split(b":")
+                    found = int(fields[0]), int(major), int(minor)  # the last one is on top
+    except (OSError, ValueError, IndexError):
+        return None
+    return found
+
+
 def is_mount_point(path: Path) -> bool:
     """True when `path` (symlinks resolved) is a mount point."""
     return os.fsencode(os.path.realpath(path)) in mounted_paths()

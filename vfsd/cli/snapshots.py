@@ -125,14 +125,17 @@ def snapshot_pin(run_dir: Path, snapshot_id: str, unpin: bool, as_json: bool) ->
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("snapshot_id")
+@click.option("--force", is_flag=True,
+              help="Restore even over files that processes hold open for writing.")
 @json_option
-def restore(run_dir: Path, snapshot_id: str, as_json: bool) -> None:
+def restore(run_dir: Path, snapshot_id: str, force: bool, as_json: bool) -> None:
     """Make the files of RUN_DIR exactly what SNAPSHOT_ID holds.
 
     Files made since disappear, changed files revert, evicted ones return;
-    the step goes back to the snapshot's.
+    the step goes back to the snapshot's. Refused (naming the processes)
+    when it would change a file held open for writing, unless --force.
     """
-    res = call(run_dir, "restore", snapshot=snapshot_id)
+    res = call(run_dir, "restore", snapshot=snapshot_id, force=force)
     if as_json:
         emit(res, True)
     else:

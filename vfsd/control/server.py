@@ -25,7 +25,7 @@ import structlog
 import trio
 
 from vfsd import __version__, errors
-from vfsd.snapshots.snapshots import SnapshotError, SnapshotNotFound
+from vfsd.snapshots.snapshots import FilesOpenForWriting, SnapshotError, SnapshotNotFound
 from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 
 from .connslots import IDLE, READING, WORKING, Slot, SlotTable
@@ -273,6 +273,8 @@ class ControlServer:
             return req_id, None, (exc.code, exc.message)
         except SnapshotNotFound as exc:
             return req_id, None, ("not_found", str(exc))
+        except FilesOpenForWriting as exc:
+            return req_id, None, ("files_open", str(exc))
         except SnapshotError as exc:
             return req_id, None, ("bad_request", str(exc))
         except errors.NotFound as exc:
@@ -516,7 +518,8 @@ class ControlServer:
                                                 _arg(req, "pin", bool, True))
 
     async def op_restore(self, req: dict) -> dict:
-        return await self.daemon.snapservice.restore(self._snapshot_id(req))
+        return await self.daemon.snapservice.restore(self._snapshot_id(req),
+                                                     force=_arg(req, "force", bool, False))
 
     def op_diff(self, req: dict) -> dict:
         b = req.get("b")

@@ -36,6 +36,12 @@ class SnapshotNotFound(SnapshotError):
     errno = 2  # ENOENT
 
 
+class FilesOpenForWriting(SnapshotError):
+    """A restore would change files that processes hold open for writing."""
+
+    errno = 16  # EBUSY
+
+
 def snapshot_id(seq: int) -> str:
     return f"s{seq}"
 
@@ -796,6 +802,21 @@ class Snapshots:
         return out
 
     # ------------------------------------------------------------ restore
+
+    def restore_changes(self, ident: str) -> set[int]:
+        """The inodes `restore(ident)` would change (reads only: call it in the
+        same loop turn as the restore, after buffered writes are committed)."""
+        seq = parse_id(ident)
+        out = set()
+        with self.store.txn() as txn:
+            self._get(txn, seq)
+            for okey in self.changed_since(txn, seq):
+                if okey[:1] != b"i":
+                    continue
+                got = self.value_at(txn, okey, seq)
+                if self.live_value(txn, okey) != (got[1] if got else b""):
+                    out.add(_U64.unpack(okey[1:9])[0])
+        return out
 
     def restore(self, ident: str) -> dict:
         """Make the live tree exactly snapshot `ident`, in one transaction.
