@@ -77,25 +77,35 @@ def _smaps(pid: int) -> dict[str, int]:
     return out
 
 
-def vfsd_processes() -> list[int]:
-    """Every vfsd daemon and mount_tool helper on the machine."""
-    pids = []
+def vfsd_processes(work: Path) -> list[int]:
+    """This benchmark's vfsd processes: the daemons of the run dirs under `work`
+    (by their pid files: a daemon forked by mount_tool's helper shows the
+    helper's command line) and mount_tool's helper itself. Other vfsd
+    processes on the machine are not counted."""
+    pids = set()
+    for pidfile in work.glob("*/threads/*/.vfsd/vfsd.pid"):
+        try:
+            pid = int(pidfile.read_text())
+        except (OSError, ValueError):
+            continue
+        if Path(f"/proc/{pid}").exists():
+            pids.add(pid)
+    me = str(os.getpid())
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            if Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1] != me:
+                continue
+            if b"vfsd.cli.spawner" in Path(f"/proc/{name}/cmdline").read_bytes():
+                pids.add(int(name))
+        except (OSError, IndexError):
             continue
-        text = b" ".join(cmd)
-        if b"vfsd.serve" in text or b"vfsd.cli" in text or b"vfsd.cli.spawner" in text:
-            pids.append(int(name))
-    return pids
+    return sorted(pids)
 
 
-def vfsd_memory(pids: list[int] | None = None) -> dict[str, float]:
-    """Pss and RssAnon summed over vfsd processes (MiB), and how many there are."""
-    pids = vfsd_processes() if pids is None else pids
+def vfsd_memory(pids: list[int]) -> dict[str, float]:
+    """Pss and RssAnon summed over `pids` (MiB), and how many there are."""
     total = {"Pss": 0, "RssAnon": 0}
     for pid in pids:
         got = _smaps(pid)
@@ -369,7 +379,7 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                 if not force and now - last_sample[0] < 1.0:
                     return
                 last_sample[0] = now
-                got = vfsd_memory()
+                got = vfsd_memory(vfsd_processes(work))
                 for key in peak:
                     peak[key] = max(peak[key], got[key])
 
@@ -390,10 +400,14 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                 agent = create_deep_agent(model, backend=timed_backend(StateBackend, timings)(),
                                           checkpointer=InMemorySaver())
             try:
+                # Not timed: mount_tool's helper and the sandbox's first probe start here.
+                loop.run_until_complete(_run_threads(agent, [f"warm-up-{count}"], 1, {}, 1,
+                                                     lambda: None))
+                timings.__init__()
                 loop.run_until_complete(_run_threads(agent, threads, active, starts, 1, sample))
                 elapsed = time.perf_counter() - t_all
                 sample(force=True)
-                end_memory = vfsd_memory()
+                end_memory = vfsd_memory(vfsd_processes(work))
                 first_write = [timings.first_write[t] - starts[t] for t in threads
                                if t in timings.first_write]
                 out = {

@@ -291,7 +291,10 @@ class Runs:
         entry.run_dir.mkdir(parents=True, exist_ok=True)
         path = entry.run_dir / THREAD_RECORD
         tmp = path.with_name(f".{THREAD_RECORD}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps({"version": 1, "thread_id": entry.thread_id}))
+        # The owner's only: with --allow-other other users may reach the run dir.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"version": 1, "thread_id": entry.thread_id}))
         os.replace(tmp, path)
 
     # -- idle run dirs ---------------------------------------------------------

@@ -97,3 +97,35 @@ def test_other_volume_never_frees_open_orphans(run_factory, tmp_path):
     proc = vfsd_cli("fsck", store, "--verify", "--json", check=False)
     report = json.loads(proc.stdout)
     assert proc.returncode == 0 and report["clean"], report
+
+
+def test_startup_check_of_a_store_other_daemons_write(tmp_path):
+    """The check a daemon makes before it mounts (vfsd.store.lmdbcheck) on a
+    shared store that another process keeps growing: a whole file, never
+    "truncated" because the file grew between its size and its metadata."""
+    import subprocess
+    import sys
+
+    from vfsd.store import lmdbcheck
+    from vfsd.store.store import Store
+
+    store = tmp_path / "store"
+    Store(store, "one").close()
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import lmdb, os
+env = lmdb.open({str(store / 'lmdb')!r}, max_dbs=64, map_size=1 << 32)
+db = env.open_db(b"grow")
+for i in range(1_000_000):
+    with env.begin(write=True) as txn:
+        txn.put(i.to_bytes(8, "big"), os.urandom(64 * 1024), db=db)
+"""])
+    try:
+        deadline = time.monotonic() + 60
+        walks = 0
+        while walks < 300 and time.monotonic() < deadline and writer.poll() is None:
+            lmdbcheck.walk(store)  # raises Damaged("... truncated ...") on the race
+            walks += 1
+        assert walks >= 50, f"only {walks} walks while the writer ran"
+    finally:
+        writer.kill()
+        writer.wait()

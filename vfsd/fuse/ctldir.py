@@ -43,7 +43,11 @@ NAMES = {ino: name for name, ino in FILES.items()}
 ATTR_NAME = b"attr"
 MIRROR_BASE = BASE + (1 << 61)
 DIR_MODE = stat.S_IFDIR | 0o555
-FILE_MODE = stat.S_IFREG | 0o444
+#: status.json, evicted.ndjson, accesslog: the owner's only. With --allow-other
+#: they would tell other users the names of files in directories they cannot
+#: list (what was evicted, what was opened); the mirror and the snapshots below
+#: `.vfsd/` follow each file's own permissions instead.
+FILE_MODE = stat.S_IFREG | 0o400
 
 
 #: Mount points of the execute sandbox: name -> inode number.

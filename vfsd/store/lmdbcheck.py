@@ -42,8 +42,12 @@ def walk(store_dir: Path) -> int:
                     map_size=LMDB_MAP_SIZE)
     n = 0
     try:
-        # A file cut short: every page past its end would fault.
+        # A file cut short: every page past its end would fault. Its size is
+        # read after the metadata: another daemon sharing the store writes a
+        # transaction's pages before the metadata that names them, so the file
+        # may grow between the two, never shrink.
         needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        size = data_file.stat().st_size
         if size < needed:
             raise Damaged(f"{data_file} is truncated ({size} bytes, its own metadata "
                           f"says {needed})")
