@@ -161,8 +161,8 @@ class FloorMount:
 class VfsdSide:
     """A vfsd mount; `counts()` reads its request and LMDB write counters."""
 
-    def __init__(self, base: Path) -> None:
-        self.mount = VfsdMount(base / "run")
+    def __init__(self, base: Path, options: tuple[str, ...] = ()) -> None:
+        self.mount = VfsdMount(base / "run", options)
         self.mount.mount()
         self.root = self.mount.root
 
@@ -211,6 +211,8 @@ def main() -> int:
     ap.add_argument("--base-dir", default="/var/tmp")
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "vfsd-bench"))
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--vfsd-opt", action="append", default=[],
+                    help="extra `vfsd mount` argument (repeat; use --vfsd-opt=--flag)")
     args = ap.parse_args()
     tree, tarball, tree_files = source_tree(Path(args.cache), args.tree_files)
     base = Path(tempfile.mkdtemp(prefix="vfsd-floor-", dir=args.base_dir))
@@ -220,7 +222,7 @@ def main() -> int:
     # ext4 skips inodes freed in the last minute: each native run in a fresh
     # block group (see bench/README.md).
     subprocess.run(["chattr", "+T", str(native)], check=False, capture_output=True)
-    floor, vfsd = FloorMount(base), VfsdSide(base)
+    floor, vfsd = FloorMount(base), VfsdSide(base, tuple(args.vfsd_opt))
     roots = {"native": native, "floor": floor.root, "vfsd": vfsd.root}
     counters = {"floor": floor.counts, "vfsd": vfsd.counts}
     pids = {"floor": floor.proc.pid, "vfsd": vfsd.mount.pid()}

@@ -67,6 +67,9 @@ class Config:
     log_level: str = "info"
     allow_other: bool = False
     entry_timeout: float = 3600.0
+    #: seconds the write transactions of FUSE requests share one LMDB commit
+    #: (`vfsd.store.groupcommit`); 0: each request commits its own
+    commit_window: float = 0.005
     max_tasks: int = 16
     metrics_port: int | None = None
     #: snapshots kept: the last N, and any younger than M steps (0: no age rule);
@@ -133,6 +136,10 @@ class Config:
         if isinstance(self.entry_timeout, bool) or \
                 not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
             raise ConfigError("entry_timeout must be a non-negative number of seconds")
+        if isinstance(self.commit_window, bool) or \
+                not isinstance(self.commit_window, int | float) or \
+                not 0 <= self.commit_window <= 1:
+            raise ConfigError("commit_window must be 0 to 1 second")
         if isinstance(self.control_idle_timeout, bool) or \
                 not isinstance(self.control_idle_timeout, int | float) or \
                 not 0 < self.control_idle_timeout <= 86400:

@@ -264,11 +264,51 @@ class Daemon:
             nursery.start_soon(self.settler.run)
             nursery.start_soon(self.evictor.run_rechecks)
             nursery.start_soon(self._sync_loop)
+            if self.config.commit_window > 0:
+                nursery.start_soon(self._group_commits, self.config.commit_window)
             nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
             await trio.sleep(0)
             ready()
             log.info("mounted", mountpoint=str(self.run.mountpoint), store=str(self.store_dir),
                      volume=self.volume, version=__version__, pid=os.getpid())
+
+    async def _group_commits(self, window: float) -> None:
+        """Commit each group of requests `window` seconds after it opened
+        (see `vfsd.store.groupcommit`; whatever else needs it commits it sooner)."""
+        store = self.store
+        opened = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def on_open() -> None:  # on the loop: a group just opened
+            opened.set()
+
+        def request_flush() -> None:  # on another thread, before it reads or syncs
+            try:
+                trio.from_thread.run_sync(store.flush_group, trio_token=token)
+            except trio.RunFinishedError:
+                pass  # the loop is gone: it committed the last group on its way out
+
+        def on_failure(exc: Exception) -> None:
+            # The requests of the group were answered and are lost: stop serving,
+            # as a crash would, rather than go on from a store the kernel's
+            # caches no longer match.
+            log.error("group_commit_failed", error=str(exc),
+                      detail="the last requests before it are lost; the daemon stops")
+            pyfuse3.terminate()
+
+        store.group.enable(window, on_open, request_flush, on_failure)
+        try:
+            while True:
+                await opened.wait()
+                opened = trio.Event()
+                await trio.sleep(window)
+                try:
+                    store.flush_group()
+                except StoreError:
+                    return  # on_failure said it and stops the daemon
+        finally:
+            store.flush_group()
+            store.group.enabled = False
 
     async def _sync_loop(self) -> None:
         """Sync the store in a worker thread soon after something was freed

@@ -29,6 +29,8 @@ def config_options(fn):
                      help="Let other users reach the mount (needs user_allow_other)."),
         click.option("--entry-timeout", type=float, help="Kernel entry/attribute cache seconds [3600]."),
         click.option("--max-tasks", type=int, help="FUSE requests handled concurrently [16]."),
+        click.option("--commit-window", type=float,
+                     help="Seconds FUSE requests share one LMDB commit; 0: one each [0.005]."),
         click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT."),
         click.option("--snapshot-keep-last", type=int,
                      help="Snapshots kept, newest first (0: no count rule) [32]."),
@@ -87,7 +89,7 @@ def config_options(fn):
 
 OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
                 "quota_bytes", "max_files", "durability", "log_level", "allow_other",
-                "entry_timeout", "max_tasks", "metrics_port", "snapshot_keep_last",
+                "entry_timeout", "commit_window", "max_tasks", "metrics_port", "snapshot_keep_last",
                 "snapshot_keep_steps", "snapshot_keep_bytes", "xattr_reads",
                 "remote_url", "remote_endpoint_url", "remote_region", "remote_profile",
                 "remote_credentials_file", "remote_addressing_style", "remote_connect_timeout",

@@ -24,6 +24,7 @@ import trio
 
 from vfsd import errors
 from vfsd.store import filehash
+from vfsd.store.groupcommit import in_request
 from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 from vfsd.store.invariants import MAX_FILE_SIZE  # 16 TiB: past it, EFBIG
 from vfsd.store.store import Store, now_ns
@@ -89,16 +90,21 @@ def _guard(fn: Callable) -> Callable:
     async def wrapper(self, *args):
         requests = self.counters.requests
         requests[op] = requests.get(op, 0) + 1
-        if self.tracer.on:
-            return await self.tracer.timed(self, op, guarded, args)
-        for attempt in (0, 1):
-            try:
-                return await fn(self, *args)
-            except pyfuse3.FUSEError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - mapped to an errno or EIO
-                self._failed(op, exc, attempt)
-        raise AssertionError("unreachable")
+        # This task's write transactions may join the group commit (`groupcommit`).
+        grouped = in_request.set(True)
+        try:
+            if self.tracer.on:
+                return await self.tracer.timed(self, op, guarded, args)
+            for attempt in (0, 1):
+                try:
+                    return await fn(self, *args)
+                except pyfuse3.FUSEError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - mapped to an errno or EIO
+                    self._failed(op, exc, attempt)
+            raise AssertionError("unreachable")
+        finally:
+            in_request.reset(grouped)
 
     return wrapper
 
@@ -403,11 +409,14 @@ class VfsdOperations(pyfuse3.Operations):
             else:
                 self.lookups.pop(ino, None)
                 forgotten.append(ino)
+        grouped = in_request.set(True)
         try:
             # The kernel forgets in batches (after eviction, thousands at once).
             self._maybe_free(*forgotten)
         except Exception:
             log.exception("forget_failed", inodes=len(forgotten))
+        finally:
+            in_request.reset(grouped)
 
     def _snapview(self) -> snapview.SnapshotView:
         if self.snapview is None:
@@ -812,6 +821,7 @@ class VfsdOperations(pyfuse3.Operations):
         # fsync is slow and touches only files the loop does not rewrite
         # (chunks, and the hot file through its own descriptor): a worker thread.
         hot = of.inode.ino if of.hot_file else None
+        self.store.flush_group()  # here, rather than have the sync ask the loop for it
         await trio.to_thread.run_sync(self._sync_now, digests, hot)
         self.store.delete_synced(self.files.files.__contains__)
 
@@ -909,6 +919,7 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def fsyncdir(self, fh, datasync):
         # A sync point like any other: removals made durable free their files.
+        self.store.flush_group()
         await trio.to_thread.run_sync(self.store.sync)
         self.store.delete_synced(self.files.files.__contains__)
 

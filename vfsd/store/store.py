@@ -29,6 +29,7 @@ from .content import HOT_REF, ContentStore, is_hot, ref_digest
 from .content import all_zero as content_all_zero
 from .durability import Batch, Ledger
 from .eventlog import EventLog
+from .groupcommit import GroupCommit, in_request
 from .hotfiles import HotFiles
 from .inode import STATUS_DONE, Inode
 from .keys import inode_key, now_ns
@@ -79,25 +80,75 @@ def translate(exc: lmdb.Error) -> errors.StoreError:
     return errors.StoreError(f"LMDB: {exc}")
 
 
+#: how a `_Txn` holds its transaction
+_OWN, _CHILD, _SHARED = 0, 1, 2
+_NESTED = ("a transaction was begun inside a request's write transaction: with group "
+           "commit it would not see the group's changes (pass the open txn down instead)")
+
+
 class _Txn:
     """`Store.txn()`: a plain class, cheaper than a generator context manager
-    (every request opens at least one)."""
+    (every request opens at least one). With group commit on (see
+    `groupcommit`), a request's write transaction is a child of the open
+    group, and a read on the loop thread reads inside the group."""
 
-    __slots__ = ("store", "write", "txn")
+    __slots__ = ("store", "write", "txn", "how")
 
     def __init__(self, store: Store, write: bool) -> None:
         self.store = store
         self.write = write
+        self.how = _OWN
 
     def __enter__(self):
+        st = self.store
+        g = st.group
         try:
-            self.txn = self.store.env.begin(write=self.write)
+            if g.txn is not None or (self.write and g.enabled):
+                return self._enter_grouped(st, g)
+            self.txn = st.env.begin(write=self.write)
         except lmdb.Error as exc:
             raise translate(exc) from exc
         return self.txn
 
+    def _enter_grouped(self, st: Store, g: GroupCommit):
+        if not g.owner():
+            # Another thread sees (and may write) only after the loop's group
+            # committed, as it would have without groups.
+            if g.txn is not None and g.request_flush is not None:
+                g.request_flush()
+        elif not self.write:
+            if g.child_active:
+                raise RuntimeError(_NESTED)
+            if g.txn is not None and not g.child_active:
+                self.how = _SHARED
+                self.txn = g.txn
+                return self.txn
+        elif g.enabled and in_request.get() and not g.child_active:
+            if g.txn is None and g.room_for_a_group(st.dir):
+                g.txn = st.env.begin(write=True)
+                if g.on_open is not None:
+                    g.on_open()
+            if g.txn is not None:
+                self.how = _CHILD
+                self.txn = st.env.begin(write=True, parent=g.txn)
+                g.child_active = True
+                return self.txn
+        elif g.child_active:
+            raise RuntimeError(_NESTED)
+        elif g.txn is not None:
+            st.flush_group()  # a transaction of its own starts after the group's
+        self.txn = st.env.begin(write=self.write)
+        return self.txn
+
     def __exit__(self, exc_type, exc, tb) -> bool:
         st = self.store
+        how = self.how
+        if how == _SHARED:
+            if isinstance(exc, lmdb.Error):
+                raise translate(exc) from exc
+            return False
+        if how == _CHILD:
+            st.group.child_active = False
         if exc_type is not None:
             self.txn.abort()
             if self.write:
@@ -128,6 +179,11 @@ class _Txn:
                 st.durability.chunks_made(d for d, _ in made)
             if st.on_chunk_files is not None:
                 st.on_chunk_files(made, gone)
+        if how == _CHILD:
+            g = st.group
+            g.children += 1
+            if g.children >= g.max_children:
+                st.flush_group()
         return False
 
 
@@ -161,6 +217,7 @@ class Store(NamespaceMixin, XattrMixin):
         # Files before records, records before deletes (see `durability`). The
         # daemon defers deletes to after a sync; one-shot tools delete at once.
         self.durability = Ledger()
+        self.group = GroupCommit()  # shared with volume views (see `groupcommit`)
         self.defer_deletes = defer_deletes
         # Snapshot change tracking: keys marked in committed transactions since
         # the last snapshot, and those of the transaction in progress.
@@ -488,10 +545,38 @@ class Store(NamespaceMixin, XattrMixin):
     def inline_max(self, value: int) -> None:
         self.content.inline_max = value
 
+    def flush_group(self) -> None:
+        """Commit the open group of requests, if any (on its thread only)."""
+        g = self.group
+        txn = g.txn
+        if txn is None:
+            return
+        g.txn, g.children = None, 0
+        try:
+            txn.commit()
+        except lmdb.Error as exc:
+            # Answered requests are lost: nobody can be told but the owner.
+            g.enabled = False
+            if g.on_failure is not None:
+                g.on_failure(exc)
+            raise translate(exc) from exc
+        g.commits += 1
+
+    def _flush_before_sync(self) -> None:
+        g = self.group
+        if g.txn is not None:
+            if g.owner():
+                self.flush_group()
+            elif g.request_flush is not None:
+                g.request_flush()
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self.group.owner():
+            self.flush_group()
+        self.group.enabled = False
         if self.defer_deletes and not self.readonly:
             self.sync()
             self.delete_synced()
@@ -510,6 +595,7 @@ class Store(NamespaceMixin, XattrMixin):
         `hot` ((vol, ino)) are files to make durable too: what an fsync()ed
         file names that this store's ledger may not hold (a chunk another
         daemon wrote, a hot file's own writes)."""
+        self._flush_before_sync()  # what requests committed together is in LMDB's file
         led = self.durability
         with led.sync_lock:
             batch = led.take()
