@@ -215,6 +215,13 @@ class CallGroup:
         with contextlib.suppress(FileNotFoundError):  # without swap accounting
             (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
 
+    @property
+    def name(self) -> str | None:
+        """The group's directory name (the same in every hierarchy), None without one."""
+        for path in self.dirs.values():
+            return path.name
+        return None
+
     def add(self, pid: int) -> None:
         """Move `pid` into every directory of the group (before it starts the command)."""
         for path in self.dirs.values():

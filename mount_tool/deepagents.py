@@ -75,6 +75,7 @@ from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
+from . import toolcalls
 from .checkpointer import VfsdCheckpointer, warn_if_unwrapped
 from .errors import ControlError, MountToolError
 from .filetools import MountFiles
@@ -489,10 +490,28 @@ class VfsdBackend(SandboxBackendProtocol):
             return ExecuteResponse(output=f"Error: {exc}", exit_code=126)
 
     def _execute(self, v: _RunView, command: str, timeout: int | None) -> ExecuteResponse:
+        registered: list[str] = []
+
+        def confined(where: dict[str, Any]) -> None:
+            # Before the command runs: its processes' requests are the call's.
+            call = toolcalls.current()
+            if call is None:
+                return
+            try:
+                reply = v.mount.client.call("call_begin", call=call, **where)
+            except (ControlError, OSError, ValueError) as exc:  # it runs unattributed
+                logger.warning("execute: the daemon did not take the tool call: %s", exc)
+                return
+            registered.append(reply["key"])
+
         try:
-            result = v.sandbox.run(command, timeout)
+            result = v.sandbox.run(command, timeout, on_confined=confined)
         except SandboxUnavailable as exc:
             return ExecuteResponse(output=f"Error: {exc}", exit_code=126)
+        finally:
+            for key in registered:
+                with contextlib.suppress(ControlError, OSError, ValueError):
+                    v.mount.client.call("call_end", key=key)
         output = _describe_run(result, v.sandbox.limits, timeout)
         try:
             output = offload_tool_output(
@@ -790,7 +809,8 @@ class VfsdMiddleware(AgentMiddleware):
             return begun
         request, staged, before = begun
         try:
-            result = handler(request)
+            with toolcalls.for_request(request, step=before):
+                result = handler(request)
         finally:
             self._unstage(staged)
         return self._with_files(result, request, before)
@@ -802,7 +822,8 @@ class VfsdMiddleware(AgentMiddleware):
             return begun
         request, staged, before = begun
         try:
-            result = await handler(request)
+            with toolcalls.for_request(request, step=before):
+                result = await handler(request)
         finally:
             await asyncio.to_thread(self._unstage, staged)
         return await asyncio.to_thread(self._with_files, result, request, before)

@@ -49,6 +49,7 @@ from deepagents.backends.utils import (
     slice_read_response,
 )
 
+from . import toolcalls
 from .beneath import open_beneath, relative_parts
 
 GLOB_TIMEOUT_SECONDS = 5
@@ -240,6 +241,7 @@ class MountFiles:
                 if isinstance(result, str):
                     return EditResult(error=result)
                 text, occurrences = result
+                toolcalls.tag(fd)
                 _rewrite(fd, text.encode("utf-8"), raw)
         except (FileNotFoundError, IsADirectoryError):
             return EditResult(error=f"Error: File '{virtual}' not found")

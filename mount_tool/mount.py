@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from . import toolcalls
 from .beneath import makedirs_beneath, open_beneath, relative_parts
 from .client import ControlClient
 from .errors import ControlError, Damaged, Evicted, Missing, MountError, MountToolError, StaleRef
@@ -258,6 +259,7 @@ class Mount:
             # Truncate only once it is known to be a regular file.
             os.ftruncate(fd, 0)
             os.set_blocking(fd, True)
+            toolcalls.tag(fd)  # the running tool call, if any, is the author
         except BaseException:
             os.close(fd)
             raise

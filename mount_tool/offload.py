@@ -24,6 +24,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
+from . import toolcalls
 from .errors import MountToolError
 from .mount import Mount
 from .refs import FileRef
@@ -520,9 +521,13 @@ class OffloadMiddleware(AgentMiddleware):
         return self.files
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        return self._offload_result(handler(request), request.tool_call.get("name"))
+        # The saved output is the tool call's own file (provenance).
+        with toolcalls.for_request(request):
+            return self._offload_result(handler(request), request.tool_call.get("name"))
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
-        result = await handler(request)
-        # Writing to the mount blocks: keep it off the event loop.
-        return await asyncio.to_thread(self._offload_result, result, request.tool_call.get("name"))
+        with toolcalls.for_request(request):
+            result = await handler(request)
+            # Writing to the mount blocks: keep it off the event loop.
+            return await asyncio.to_thread(self._offload_result, result,
+                                           request.tool_call.get("name"))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import logging
 import math
 import os
 import resource
@@ -49,6 +50,8 @@ from typing import Any
 
 from . import cgroups
 from .errors import MountToolError
+
+logger = logging.getLogger(__name__)
 
 ISOLATION_MODES = ("bwrap", "none")
 #: Mount points the sandbox needs at the root of the run's files. The daemon
@@ -331,11 +334,17 @@ class Sandbox:
 
     # -- running --------------------------------------------------------------
 
-    def run(self, command: str, timeout: float | None = None) -> RunResult:
+    def run(self, command: str, timeout: float | None = None, *,
+            on_confined: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
         """Run `command` with the shell; raises SandboxUnavailable if it cannot run.
 
         `timeout` in seconds overrides `limits.timeout` (0: no wall-time limit;
-        the CPU-time limit still holds).
+        the CPU-time limit still holds). `on_confined(where)` is called once the
+        command's first process is confined and before it runs anything, with
+        what holds every process it will start: `{"cgroup": name}` (its cgroup
+        directory), else `{"pidns": "pid:[N]"}` (the bwrap sandbox's pid
+        namespace) or `{"session": sid}` (the host shell's session); the
+        daemon attributes their requests to the running tool call by it.
         """
         self.check()
         wall = self.limits.timeout if timeout is None else timeout
@@ -344,8 +353,8 @@ class Sandbox:
         group = self._make_group()
         try:
             if self.isolation == "bwrap":
-                return self._run_bwrap(command, wall, group)
-            return self._run_on_host(command, wall, group)
+                return self._run_bwrap(command, wall, group, on_confined)
+            return self._run_on_host(command, wall, group, on_confined)
         finally:
             group.kill()
             group.remove()
@@ -412,7 +421,8 @@ class Sandbox:
             argv += ["--info-fd", str(info_fd), "--block-fd", str(block_fd)]
         return argv
 
-    def _run_bwrap(self, command: str, wall: float, group: cgroups.CallGroup) -> RunResult:
+    def _run_bwrap(self, command: str, wall: float, group: cgroups.CallGroup,
+                   on_confined=None) -> RunResult:
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         args_r, args_w = os.pipe()
@@ -451,6 +461,9 @@ class Sandbox:
                     sandbox_init = os.pidfd_open(child)
                     group.add(child)
                     self._set_rlimits(child, group)
+                    if on_confined is not None:
+                        _tell(on_confined, lambda: {"cgroup": group.name} if group.name else
+                              {"pidns": os.readlink(f"/proc/{child}/ns/pid")})
         except OSError as exc:
             _kill_pidfd(sandbox_init)
             proc.kill()
@@ -485,7 +498,8 @@ class Sandbox:
             if sandbox_init is not None:
                 os.close(sandbox_init)
 
-    def _run_on_host(self, command: str, wall: float, group: cgroups.CallGroup) -> RunResult:
+    def _run_on_host(self, command: str, wall: float, group: cgroups.CallGroup,
+                     on_confined=None) -> RunResult:
         shell = shutil.which("bash") or "/bin/sh"
         # The shell waits for a line on stdin before it becomes the command, so
         # it can join the cgroup and get its rlimits before anything runs.
@@ -506,6 +520,10 @@ class Sandbox:
         try:
             group.add(proc.pid)
             self._set_rlimits(proc.pid, group)
+            if on_confined is not None:
+                # start_new_session: the shell leads a session of its own.
+                _tell(on_confined, lambda: {"cgroup": group.name} if group.name else
+                      {"session": proc.pid})
         except OSError as exc:
             proc.kill()
             proc.wait()
@@ -663,6 +681,15 @@ class _Output:
 
     def text(self) -> str:
         return bytes(self.kept).decode("utf-8", errors="replace")
+
+
+def _tell(on_confined: Callable[[dict[str, Any]], None],
+          where: Callable[[], dict[str, Any]]) -> None:
+    """Call the caller's hook; what it raises is logged, never the command's failure."""
+    try:
+        on_confined(where())
+    except Exception:  # noqa: BLE001 - attribution is best effort
+        logger.exception("execute: on_confined failed")
 
 
 def _read_child_pid(fd: int, wait: float = 30.0) -> int | None:

@@ -15,8 +15,9 @@ MODE="${1:-test}"
 DEMO_PACKAGES=(fuse3 libfuse3-dev pkg-config attr python3-venv python3-dev gcc bubblewrap)
 # Tests only: PostgreSQL (the checkpointer tests), systemd (systemd-analyze verify of
 # the units), python-is-python3 (`python` inside the sandbox: deepagents' standard
-# sandbox tests run `python -c ...`), git, make, rsync (the workload benchmarks).
-TEST_PACKAGES=(postgresql systemd python-is-python3 git make rsync)
+# sandbox tests run `python -c ...`), git, make, rsync (the workload benchmarks),
+# chromium and a font (headless, to check the page `vfsd timeline --html` writes).
+TEST_PACKAGES=(postgresql systemd python-is-python3 git make rsync chromium fonts-dejavu-core)
 case "$MODE" in
     demo) APT_PACKAGES=("${DEMO_PACKAGES[@]}"); EXTRAS="${VFSD_EXTRAS:-agents}" ;;
     test) APT_PACKAGES=("${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}"); EXTRAS="${VFSD_EXTRAS:-dev,agents}" ;;

@@ -26,7 +26,7 @@ from mount_tool.refs import content_hash
 
 pytestmark = pytest.mark.fuse
 
-REF_KEYS = {"ino", "gen", "path", "size", "hash", "step", "status"}
+REF_KEYS = {"ino", "gen", "path", "size", "hash", "step", "status", "made_by", "changed_by"}
 RECORD_KEYS = {"path", "ino", "gen", "hash", "size", "step", "evicted_step", "reason"}
 
 

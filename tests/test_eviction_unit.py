@@ -18,6 +18,7 @@ from test_store import CountingEnv
 from vfsd import errors
 from vfsd.config import Config
 from vfsd.eviction import Evictor
+from vfsd.fuse.journal import StepJournal
 from vfsd.fuse.openfiles import OpenFiles
 from vfsd.store.filehash import bytes_hash
 from vfsd.store.inode import STATUS_DONE
@@ -34,6 +35,7 @@ class StorageOnlyOps:
     def __init__(self, files: OpenFiles) -> None:
         self.files = files
         self.store = files.store
+        self.journal = StepJournal(self.store)  # the timeline's record of each step
 
     @staticmethod
     def _fuse_ino(ino: int) -> int:

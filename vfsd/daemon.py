@@ -266,6 +266,7 @@ class Daemon:
             nursery.start_soon(self._sync_loop)
             if self.config.commit_window > 0:
                 nursery.start_soon(self._group_commits, self.config.commit_window)
+            nursery.start_soon(self._journal_loop)
             nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
             await trio.sleep(0)
             ready()
@@ -337,6 +338,14 @@ class Daemon:
             except StoreError as exc:
                 log.error("sync_failed", error=str(exc))
 
+    async def _journal_loop(self) -> None:
+        """Keep the running step's timeline record current (see `fuse.journal`)."""
+        from vfsd.fuse.journal import FLUSH_INTERVAL
+
+        while True:
+            await trio.sleep(FLUSH_INTERVAL)
+            self.ops.journal.flush_if_changed()
+
     def _tune_readahead(self) -> None:
         """Let the kernel read ahead a whole chunk (it starts at 128 KiB).
 
@@ -396,6 +405,8 @@ class Daemon:
             self.metrics.close()  # a scrape must not read a closing store
         if self.ops is not None:
             self.ops.forget_all()
+            if self.remote is None or self.remote.writable():
+                self.ops.journal.flush()
         if self.store is not None:
             self.store.on_chunk_files = None
             self.store.sync()

@@ -36,6 +36,23 @@ log = structlog.get_logger("vfsd.eviction")
 RECHECKED = frozenset({"done", "max_age"})
 
 
+def explain(inode, step: int, config: Config) -> dict:
+    """The rule that will evict a regular file, and at which step, by the policy
+    alone (`vfsd info`): a quota may take it earlier, an open file later."""
+    if inode.pinned:
+        return {"rule": "pinned", "due_step": None, "text": "pinned: never evicted"}
+    age = step - inode.step
+    due = [("max_age", inode.step + config.max_age_steps + 1,
+            f"max age: leaves when older than {config.max_age_steps} steps")]
+    if inode.status == STATUS_DONE:
+        due.append(("done", inode.step + config.done_retention_steps + 1,
+                    f"done: leaves when older than {config.done_retention_steps} steps"))
+    rule, at, text = min(due, key=lambda d: d[1])
+    return {"rule": rule, "due_step": at, "age_steps": age,
+            "text": f"{text} (at step {at}, {max(at - step, 0)} from now)"
+            + ("; a quota may take it sooner" if config.quota_bytes or config.max_files else "")}
+
+
 class Evictor:
     """Plans and applies evictions for one mounted volume."""
 
@@ -148,6 +165,8 @@ class Evictor:
         }
         if not dry_run:
             self.latency.observe(time.perf_counter() - t0)
+            if records:
+                self.ops.journal.files_evicted(records)
         if records:
             log.info("evicted", step=step, dry_run=dry_run, files=len(records),
                      bytes=report["bytes"], duration_ms=report["duration_ms"])
@@ -272,6 +291,7 @@ class Evictor:
         current = self.store.get_step()
         if step < current:
             raise errors.InvalidArgument(f"step {step} is before the current step {current}")
+        self.ops.journal.advance(step)  # the record of the step that ends (timeline)
         self.store.set_step(step)
         report = self.run(step)
         if self.after_step is not None:

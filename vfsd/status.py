@@ -123,6 +123,7 @@ def perf_status(daemon) -> dict:
         "open_files": len(ops.files.files),
         "dirty_bytes": ops.files.dirty_bytes,
         "access_log_readers": len(ops.tracer.log.readers),
+        "provenance": ops.provenance.status(),
         "snapshot_latency": daemon.snapservice.latency.as_dict(),
         "eviction_latency": daemon.evictor.latency.as_dict(),
         "remote": None,

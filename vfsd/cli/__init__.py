@@ -39,6 +39,7 @@ from . import (  # noqa: F401  (registers the verbs)
     eviction,
     fsck,
     gc,
+    info,
     lifecycle,
     mount,
     profile,
@@ -48,6 +49,7 @@ from . import (  # noqa: F401  (registers the verbs)
     stats,
     status,
     sync,
+    timeline,
 )
 from .common import cli
 

@@ -108,7 +108,9 @@ class ControlServer:
             "copy": self.op_copy,
             "locate": self.op_locate, "sync": self.op_sync,
             "publish_status": self.op_publish_status,
-            "perf": self.op_perf,
+            "perf": self.op_perf, "info": self.op_info, "timeline": self.op_timeline,
+            "call_begin": self.op_call_begin,
+            "call_end": self.op_call_end,
         }
         # Requests that change files: refused once another worker holds the run.
         self.mutating = {"set_step", "evict", "set_status", "pin", "unpin", "restore"}
@@ -352,8 +354,11 @@ class ControlServer:
         digest = digest.hex()
         if path is None:
             path = self.store.path_of(ino)
+        prov = self.ops.provenance
         return {"ino": ino, "gen": inode.gen, "path": path or "", "size": inode.size,
-                "hash": digest, "step": inode.step, "status": STATUS_NAMES[inode.status]}
+                "hash": digest, "step": inode.step, "status": STATUS_NAMES[inode.status],
+                "made_by": prov.describe(inode.made_by),
+                "changed_by": prov.describe(inode.changed_by)}
 
     # ------------------------------------------------------------ handlers
 
@@ -377,6 +382,59 @@ class ControlServer:
         if watch:
             tracer.watch(float(watch))
         return perf_status(self.daemon)
+
+    async def op_info(self, req: dict) -> dict:
+        """`vfsd info`: provenance, tier, content placement, snapshots, eviction rule."""
+        from vfsd.fileinfo import file_info
+
+        ino = self._inode_for(req).ino
+        if await self.ops.hash_hot_blocks(ino):
+            ino = self._inode_for(req).ino
+        ref = self.file_ref(ino)
+        of = self.files.get(ino)
+        if of is not None:
+            self.files.flush(of)  # what the store says is then what programs see
+        return file_info(self.store, self.daemon.snapshots, self.files.attrs(ino),
+                         ref["path"], config=self.daemon.config, step=self.store.get_step(),
+                         describe_call=self.ops.provenance.describe,
+                         content_hash=ref["hash"],
+                         open_handles=of.handles if of is not None else 0,
+                         remote=self.daemon.remote is not None)
+
+    def op_timeline(self, req: dict) -> dict:
+        """`vfsd timeline` of the mounted volume (the running step's record written first)."""
+        from vfsd.timeline import timeline
+
+        self.ops.journal.flush()
+        return timeline(self.store, self.daemon.snapshots,
+                        describe_call=self.ops.provenance.describe)
+
+    def op_call_begin(self, req: dict) -> dict:
+        """From now on, requests of the processes in `cgroup` (a cgroup
+        directory's name), pid namespace `pidns` or `session` belong to `call`."""
+        cgroup = _arg(req, "cgroup", str, None)
+        pidns = _arg(req, "pidns", str, None)
+        session = _arg(req, "session", int, None)
+        if cgroup is None and pidns is None and session is None:
+            raise RequestError("bad_request", "give 'cgroup', 'pidns' or 'session'")
+        if cgroup is not None and (not 0 < len(cgroup) <= 255 or "/" in cgroup
+                                   or cgroup in (".", "..")):
+            raise RequestError("bad_request", "'cgroup' is the name of one cgroup directory")
+        if pidns is not None and (len(pidns) > 64 or not pidns.startswith("pid:[")):
+            raise RequestError("bad_request", "'pidns' looks like pid:[4026531836]")
+        key = self.ops.provenance.begin(_arg(req, "call", dict), cgroup=cgroup, pidns=pidns,
+                                        session=session)
+        return {"key": f"{key:016x}"}
+
+    def op_call_end(self, req: dict) -> dict:
+        text = _arg(req, "key", str)
+        try:
+            if len(text) != 16:
+                raise ValueError(text)
+            key = int(text, 16)
+        except ValueError:
+            raise RequestError("bad_request", "'key' is the hex key call_begin answered") from None
+        return {"ended": self.ops.provenance.end(key)}
 
     def op_get_step(self, req: dict) -> dict:
         return {"step": self.store.get_step()}

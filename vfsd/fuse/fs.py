@@ -25,12 +25,14 @@ import trio
 from vfsd import errors
 from vfsd.store import filehash
 from vfsd.store.groupcommit import in_request
-from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
+from vfsd.store.inode import NO_CALL, STATUS_BY_NAME, STATUS_NAMES, Inode
 from vfsd.store.invariants import MAX_FILE_SIZE  # 16 TiB: past it, EFBIG
 from vfsd.store.store import Store, now_ns
 
 from . import ctldir, snapview
+from .journal import StepJournal
 from .openfiles import OpenFiles, hash_hot_blocks
+from .provenance import Provenance
 from .tracer import Tracer
 
 log = structlog.get_logger("vfsd.fs")
@@ -38,6 +40,8 @@ log = structlog.get_logger("vfsd.fs")
 XATTR_PREFIX = b"user.vfsd."
 XATTR_RW = (b"user.vfsd.step", b"user.vfsd.status", b"user.vfsd.pin")
 XATTR_RO = (b"user.vfsd.hash", b"user.vfsd.tier")
+#: write-only: the tool call about to write the file (a JSON object, see `provenance`)
+XATTR_CALL = b"user.vfsd.call"
 #: what mknod may create (directories and symlinks have their own requests)
 _MKNOD_TYPES = frozenset({stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
 
@@ -179,6 +183,11 @@ class VfsdOperations(pyfuse3.Operations):
         self.lookups: dict[int, int] = {}
         self.counters = Counters()
         self.tracer = Tracer()
+        # Which tool call each request comes from (see `provenance`).
+        self.provenance = Provenance(store)
+        self.tracer.call_name = self.provenance.name_of_pid
+        # The running step's record for the timeline (see `journal`).
+        self.journal = StepJournal(store)
         # Called before a write grows a file (bytes, ino) and before a file is
         # created; they evict to make room or raise NoSpace. Set by the daemon.
         self.quota = quota
@@ -265,6 +274,8 @@ class VfsdOperations(pyfuse3.Operations):
                 "step": rec.step, "status": STATUS_NAMES[rec.status], "pin": rec.pinned,
                 "hash": digest.hex(),
                 "tier": "inline" if inline else "chunked", "mtime_ns": rec.mtime_ns,
+                "made_by": self.provenance.describe(rec.made_by),
+                "changed_by": self.provenance.describe(rec.changed_by),
                 "xattrs": xattrs}
 
     def _ctl_entry(self, ino: int, mirrored: Inode | None = None) -> pyfuse3.EntryAttributes:
@@ -444,6 +455,7 @@ class VfsdOperations(pyfuse3.Operations):
             try:
                 if not of.inode.is_reg:
                     raise pyfuse3.FUSEError(errno.EINVAL)
+                self._note_writer(of, ctx.pid)
                 if self.quota is not None and attr.st_size > of.inode.size:
                     self.quota(attr.st_size - of.inode.size, ino)
                     await self._drop_evicted_names()
@@ -557,21 +569,27 @@ class VfsdOperations(pyfuse3.Operations):
         if self.reserve_file is not None and stat.S_ISREG(mode):
             self.reserve_file()
             self._queue_evicted_names()
-        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, ctx.gid, rdev)
+        call = self.provenance.of_pid(ctx.pid)
+        inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, ctx.gid, rdev,
+                                  call=call)
+        if inode.is_reg:
+            self.journal.file_created(self._ino(parent_inode), name, call)
         return self._remember(inode)
 
     @_guard
     async def mkdir(self, parent_inode, name, mode, ctx):
         self._new_name(self._ino(parent_inode), name)
         inode = self.store.create(self._ino(parent_inode), name,
-                                  stat.S_IFDIR | (mode & 0o7777), ctx.uid, ctx.gid)
+                                  stat.S_IFDIR | (mode & 0o7777), ctx.uid, ctx.gid,
+                                  call=self.provenance.of_pid(ctx.pid))
         return self._remember(inode)
 
     @_guard
     async def symlink(self, parent_inode, name, target, ctx):
         self._new_name(self._ino(parent_inode), name)
         inode = self.store.create(self._ino(parent_inode), name, stat.S_IFLNK | 0o777,
-                                  ctx.uid, ctx.gid, target=target)
+                                  ctx.uid, ctx.gid, target=target,
+                                  call=self.provenance.of_pid(ctx.pid))
         return self._remember(inode)
 
     @_guard
@@ -585,6 +603,8 @@ class VfsdOperations(pyfuse3.Operations):
             raise self._reserved_missing(parent, name) from None
         self.files.names_changed(child)
         if child.nlink == 0:
+            if child.is_reg:
+                self.journal.file_deleted(parent, name, self.provenance.of_pid(ctx.pid))
             self._maybe_free(child.ino)
 
     @_guard
@@ -615,6 +635,9 @@ class VfsdOperations(pyfuse3.Operations):
         if replaced is not None:
             self.files.names_changed(replaced)
             if replaced.nlink == 0:
+                if replaced.is_reg:
+                    self.journal.file_deleted(self._ino(parent_inode_new), name_new,
+                                              self.provenance.of_pid(ctx.pid))
                 self._maybe_free(replaced.ino)
 
     @_guard
@@ -660,6 +683,9 @@ class VfsdOperations(pyfuse3.Operations):
         if not of.inode.is_reg:
             self.files.release(of)
             raise pyfuse3.FUSEError(errno.EINVAL)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            self._note_writer(of, ctx.pid)
+            of.fresh = False
         if flags & os.O_TRUNC and of.inode.size:
             self.files.truncate(of, 0)
         # All content changes pass through this mount's page cache, so what
@@ -673,9 +699,13 @@ class VfsdOperations(pyfuse3.Operations):
         if self.reserve_file is not None:
             self.reserve_file()
             self._queue_evicted_names()
+        call = self.provenance.of_pid(ctx.pid)
         inode = self.store.create(self._ino(parent_inode), name,
-                                  stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid)
-        self.files.acquire(inode.ino, inode)
+                                  stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid, call=call)
+        of = self.files.acquire(inode.ino, inode)
+        of.writer = call
+        of.fresh = True
+        self.journal.file_created(self._ino(parent_inode), name, call)
         return pyfuse3.FileInfo(fh=inode.ino, keep_cache=True), self._remember(inode)
 
     @_guard
@@ -998,6 +1028,9 @@ class VfsdOperations(pyfuse3.Operations):
         self.store.set_xattr(ino, name, value)
 
     def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+        if name == XATTR_CALL:
+            self._tag(ino, value)
+            return
         if name in XATTR_RO:
             raise pyfuse3.FUSEError(errno.EPERM)
         if name not in XATTR_RW:
@@ -1015,6 +1048,38 @@ class VfsdOperations(pyfuse3.Operations):
             self.set_attrs(ino, pinned=text in ("1", "true"))
         else:
             self.set_attrs(ino, step=_parse_step(value))
+
+    def _note_writer(self, of, pid: int) -> None:
+        """The requesting process's tool call is the author of what the open
+        file commits next; a process outside any call (the agent program
+        itself, truncating the file its file tool tagged) takes nothing away
+        from a tool call already named."""
+        call = self.provenance.of_pid(pid)
+        if call != NO_CALL or of.writer is None:
+            of.writer = call
+
+    def _tag(self, ino: int, value: bytes) -> None:
+        """`user.vfsd.call`: the tool call that is about to write this file
+        (see `provenance`). On an open file it is the author of what the file
+        commits next (and its maker, if the open made it), stored with that
+        commit; on a closed one it becomes the last changer at once."""
+        if not self._attrs(ino).is_reg or len(value) > 4096:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        try:
+            key = self.provenance.intern(json.loads(value))
+        except (ValueError, errors.InvalidArgument) as exc:
+            log.info("bad_call_tag", ino=ino, error=str(exc)[:200])
+            raise pyfuse3.FUSEError(errno.EINVAL) from None
+        of = self.files.get(ino)
+        if of is None:
+            self.set_attrs(ino, changed_by=key)
+            return
+        of.writer = key
+        if of.fresh and of.inode.made_by != key:
+            self.journal.maker_named(of.inode.made_by, key)
+            of.inode.made_by = key
+        of.inode.changed_by = key
+        of.attr_dirty = True  # commits with the content (or at release, if none comes)
 
     @_guard
     async def listxattr(self, inode, ctx):

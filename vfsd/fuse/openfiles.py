@@ -35,7 +35,7 @@ class OpenFile:
 
     __slots__ = ("inode", "committed_size", "handles", "dirty", "attr_dirty", "blocks",
                  "drop_from", "version", "unsynced", "hot", "hot_gen", "hot_valid",
-                 "hot_file", "content_dirty", "hot_hashes")
+                 "hot_file", "content_dirty", "hot_hashes", "writer", "fresh")
 
     def __init__(self, inode: Inode, blocks: dict[int, bytes]) -> None:
         self.inode = inode
@@ -60,6 +60,10 @@ class OpenFile:
         # idx -> (generation, extent, digest) of the last hash of a hot block:
         # a file hash then reads only the hot blocks written since.
         self.hot_hashes: dict[int, tuple[int, int, bytes | None]] = {}
+        # The tool call (a key, see `vfsd.store.calls`) of the last opener for
+        # writing: the content commits that follow record it as `changed_by`.
+        self.writer: int | None = None
+        self.fresh = False  # made by the create that opened it (a tag names its maker too)
 
     @property
     def is_dirty(self) -> bool:
@@ -507,6 +511,8 @@ class OpenFiles:
         self._pad_tail(of)
         idxs = sorted(set(idxs) | ({of.committed_size // self.cs} & of.dirty.keys()))
         blocks = {i: self._exact(of, i) for i in idxs if i in of.dirty}
+        if of.content_dirty and of.writer is not None:
+            of.inode.changed_by = of.writer
         committed, refs = self.store.commit_content(
             of.inode, blocks=blocks, drop_blocks_from=of.drop_from,
             hot_after=bool(of.hot) if of.drop_from is not None else None,

@@ -96,6 +96,7 @@ class SnapshotService:
             if rec.get("reused"):
                 return rec
         self.latency["snapshot"].observe(time.perf_counter() - t0)
+        self.ops.journal.snapshot_taken(rec["id"])
         remote = getattr(self.daemon, "remote", None)
         if remote is not None:
             remote.kick()  # published in the background (vfsd.remote.publisher)
@@ -209,6 +210,8 @@ class SnapshotService:
                 self._settle_rest()  # from here on, no await until the restore
                 self._refuse_writers(held, self.snaps.restore_changes(ident))
             self._settle_rest()
+            from_step = self.store.get_step()
+            self.ops.journal.flush()  # the step being left, as it was
             res = self.snaps.restore(ident)
             files = self.ops.files
             held_open = [ino for ino in res["inodes"] if ino in files.files]
@@ -217,6 +220,7 @@ class SnapshotService:
             self.ops._maybe_free(*res["unlinked"])
             await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
         self.latency["restore"].observe(time.perf_counter() - t0)
+        self.ops.journal.restored(res["id"], from_step, res["step"])
         log.info("restored", id=res["id"], changed=res["changed"],
                  duration_ms=res["duration_ms"])
         # The kernel keeps its own size of a file held open (writeback cache)

@@ -6,7 +6,8 @@ and `locks/`. One store may serve several volumes (one per run dir or fork);
 every per-file key starts with the volume id, so volumes never see each
 other's inodes and inode numbers are per volume (a volume's root is inode 1).
 
-Schema version 2. Integers are big-endian, so range scans run in order;
+Schema version 3 (version 2 stores are upgraded in place by their first
+writer, see `Store._upgrade`). Integers are big-endian, so range scans run in order;
 `vi` below is vol u32 + ino u64.
 
 `meta`      ascii key -> value. Global: `schema` (u32 SCHEMA_VERSION),
@@ -18,10 +19,19 @@ Schema version 2. Integers are big-endian, so range scans run in order;
             `files`, `logical_bytes`, `inline_bytes` (u64 counters over live
             regular files), `xattr_bytes` (over every inode with a name: an
             orphan's xattrs stop counting when its last name goes), `evict_seq`,
-            `evicted_n`, `removed_n` (log bookkeeping), `incomplete` (present
+            `evicted_n`, `removed_n`, `steplog_n` (log bookkeeping), `incomplete` (present
             while a fork is being copied in), and the keys of `snapshots`.
 `volume`    volume name (utf-8) -> vol u32 + root ino u64 (always 1).
 `inode`     vi -> `Inode.pack()`. Inode numbers are never reused in a volume.
+            Its last 16 bytes are two call keys (u64): the tool call that
+            created the inode and the one that last changed its content
+            (0: no tool call; 2**64-1: unknown, for records written by
+            schema 2, which are 16 bytes shorter and read as such).
+`call`      call key u64 -> JSON {tool, id, thread, step}: the tool calls that
+            inode records name, store-wide. The key is the xxh3-64 of
+            thread, tool and id (`calls.call_key`), so it means the same call
+            in every store; a key without a record (a run resumed from
+            another worker) is a call recorded elsewhere.
 `dentry`    vi(parent) + name -> child u64 + cookie u64.
 `dirlist`   vi(parent) + cookie u64 -> child u64 + name. The cookie is the
             entry's readdir offset, allocated from `next_cookie` when the entry
@@ -51,6 +61,7 @@ Schema version 2. Integers are big-endian, so range scans run in order;
 `orphan`    vi -> b"". Inodes with no names left whose storage waits for the
             last open handle or kernel reference; freed at the volume's next start.
 `evicted`, `evictino`, `removed`: the bounded logs, see `eventlog`.
+`steplog`: the bounded history of each step (the timeline), see `steplog`.
 `snap`, `sgone`, `sver`, `sgen`, `sdirty`: snapshots, see `snapshots`.
 `upload`, `published` and the `remote_*`, `upload_*`, `unpub_*` meta keys:
 the remote tier, see `remotestate`.

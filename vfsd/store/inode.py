@@ -11,8 +11,14 @@ STATUS_DONE = 1
 STATUS_NAMES = {STATUS_ACTIVE: "active", STATUS_DONE: "done"}
 STATUS_BY_NAME = {v: k for k, v in STATUS_NAMES.items()}
 
-# Big-endian, fixed width.
-_FORMAT = struct.Struct(">IIIIIIQqqqIQBBBQ")
+#: `Inode.made_by` / `changed_by`: no tool call (the shell, the agent program
+#: itself), and "not known" (records written before provenance was kept)
+NO_CALL = 0
+UNKNOWN_CALL = (1 << 64) - 1
+
+# Big-endian, fixed width. Schema 2 records end before the two call keys.
+_FORMAT = struct.Struct(">IIIIIIQqqqIQBBBQQQ")
+_FORMAT_V2 = struct.Struct(">IIIIIIQqqqIQBBBQ")
 
 
 @dataclass(slots=True)
@@ -21,6 +27,8 @@ class Inode:
 
     `step` is the agent step of the last create or content change; `inline` says
     whether all content is small enough to live in LMDB (one block at most).
+    `made_by` and `changed_by` are the tool calls (call keys, see `calls`) that
+    created the inode and last changed its content, or NO_CALL / UNKNOWN_CALL.
     """
 
     ino: int
@@ -41,6 +49,8 @@ class Inode:
     inline: bool = True
     #: number of stored (non-hole) blocks, for st_blocks
     nblocks: int = 0
+    made_by: int = NO_CALL
+    changed_by: int = NO_CALL
 
     def copy(self) -> Inode:
         return Inode.unpack(self.ino, self.pack())
@@ -66,15 +76,22 @@ class Inode:
             self.vol, self.mode, self.nlink, self.uid, self.gid, self.rdev,
             self.size, self.atime_ns, self.mtime_ns, self.ctime_ns, self.gen,
             self.step, self.status, int(self.pinned), int(self.inline), self.nblocks,
+            self.made_by, self.changed_by,
         )
 
     @classmethod
     def unpack(cls, ino: int, raw: bytes) -> Inode:
-        (vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen, step,
-         status, pinned, inline, nblocks) = _FORMAT.unpack_from(raw)
+        if len(raw) >= INODE_SIZE:
+            (vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen, step,
+             status, pinned, inline, nblocks, made_by, changed_by) = _FORMAT.unpack_from(raw)
+        else:  # a schema 2 record (or a snapshot entry written then)
+            (vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen, step,
+             status, pinned, inline, nblocks) = _FORMAT_V2.unpack_from(raw)
+            made_by = changed_by = UNKNOWN_CALL
         return cls(
             ino, vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen,
             step, status, bool(pinned), bool(inline), nblocks,
+            made_by=made_by, changed_by=changed_by,
         )
 
 

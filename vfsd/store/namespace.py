@@ -15,7 +15,7 @@ import struct
 
 from vfsd import errors
 
-from .inode import Inode
+from .inode import NO_CALL, Inode
 from .keys import dentry_key, inode_key, now_ns
 
 MAX_NAME = 255
@@ -87,8 +87,9 @@ class NamespaceMixin:
         self._put_inode(txn, dir_inode)
 
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
-               rdev: int = 0, target: bytes | None = None) -> Inode:
-        """Make a file, directory, device node or (with `target`) a symlink."""
+               rdev: int = 0, target: bytes | None = None, call: int = NO_CALL) -> Inode:
+        """Make a file, directory, device node or (with `target`) a symlink,
+        made by tool call `call` (a key, see `calls`)."""
         self._check_name(name)
         t = now_ns()
         with self.txn(write=True) as txn:
@@ -105,7 +106,8 @@ class NamespaceMixin:
                     mode |= stat.S_ISGID
             inode = Inode(ino, self.vol, mode, nlink=2 if is_dir else 1, uid=uid, gid=gid,
                           rdev=rdev, atime_ns=t, mtime_ns=t, ctime_ns=t,
-                          gen=_generations.getrandbits(32), step=self._step(txn))
+                          gen=_generations.getrandbits(32), step=self._step(txn),
+                          made_by=call, changed_by=call)
             if target is not None:
                 inode.size = len(target)
                 txn.put(self._key(ino), target, db=self.db["link"])

@@ -24,6 +24,7 @@ import lmdb
 from vfsd import DEFAULT_INLINE_MAX, LMDB_MAP_SIZE, errors
 
 from . import compact, filehash
+from .calls import CallsMixin
 from .chunks import ChunkStore, chunk_hash
 from .content import HOT_REF, ContentStore, is_hot, ref_digest
 from .content import all_zero as content_all_zero
@@ -34,9 +35,13 @@ from .hotfiles import HotFiles
 from .inode import STATUS_DONE, Inode
 from .keys import inode_key, now_ns
 from .namespace import NamespaceMixin
+from .steplog import StepLogMixin
 from .xattrstore import XattrMixin
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: older schemas this vfsd reads, and upgrades in place when it opens them for
+#: writing (`_upgrade`): version -> what changed since
+_UPGRADABLE = {2: "inode records gained the two call keys; the `call` and `steplog` tables"}
 ROOT_INO = 1
 #: inode numbers stay below this (the FUSE layer uses the space above for views)
 MAX_INO = 1 << 40
@@ -52,9 +57,9 @@ _DB_NAMES = (
     "meta", "volume", "inode", "dentry", "dirlist", "backlink", "link", "block",
     "content", "blob", "xattr", "bystep", "agestep", "donestep", "orphan",
     "evicted", "evictino", "removed", "snap", "sgone", "sver", "sgen", "sdirty", "hotino",
-    "upload", "published",
+    "upload", "published", "call", "steplog",
 )
-_OPTIONAL_DBS = ("upload", "published")  # None in a read-only handle on an older store
+_OPTIONAL_DBS = ("upload", "published", "call", "steplog")  # None in a read-only handle on an older store
 
 _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
             lmdb.VersionMismatchError, lmdb.InvalidError, lmdb.BadValsizeError)
@@ -187,11 +192,11 @@ class _Txn:
         return False
 
 
-class Store(NamespaceMixin, XattrMixin):
+class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
     """Metadata of one volume in a store directory, plus its content objects.
 
-    Names live in `namespace`, extended attributes in `xattrstore`; this
-    class holds the environment, volumes, counters, inodes, step indexes,
+    Names live in `namespace`, extended attributes in `xattrstore`, tool
+    calls in `calls`, the step history in `steplog`; this class holds the environment, volumes, counters, inodes, step indexes,
     content and freeing.
 
     Every method is one LMDB transaction (or none); none of them awaits, so a
@@ -250,8 +255,10 @@ class Store(NamespaceMixin, XattrMixin):
         self.env = self._open_env(readonly, create, map_size, sync)
         try:
             with self.txn() as txn:
-                self._check_schema(txn)
+                found = self._check_schema(txn)
             self.db = {name: self._open_db(name) for name in _DB_NAMES}
+            if found is not None and found != SCHEMA_VERSION and not readonly:
+                self._upgrade(found)
         except errors.StoreError as exc:
             raise errors.StoreVersionError(
                 f"store at {self.dir / 'lmdb'} is damaged or not a vfsd store: {exc}") from None
@@ -314,18 +321,34 @@ class Store(NamespaceMixin, XattrMixin):
                 f"metadata says {needed}): the store is damaged")
         return env
 
-    def _check_schema(self, txn) -> None:
+    def _check_schema(self, txn) -> int | None:
+        """The store's schema version (None for a new store); refuses what this
+        vfsd can neither read nor upgrade."""
         try:
             meta = self.env.open_db(b"meta", txn=txn, create=False)
         except lmdb.NotFoundError:
-            return  # a new store
+            return None  # a new store
         schema = txn.get(b"schema", db=meta)
-        if schema is not None and _U32.unpack(schema)[0] != SCHEMA_VERSION:
-            found = _U32.unpack(schema)[0]
+        if schema is None:
+            return None
+        found = _U32.unpack(schema)[0]
+        if found != SCHEMA_VERSION and found not in _UPGRADABLE:
             raise errors.StoreVersionError(
                 f"store {self.dir} has schema {found}; this vfsd reads schema "
                 f"{SCHEMA_VERSION}" + (" (a store made by vfsd 0.1: copy its files out with "
                                        "that version, then into a new store)" if found == 1 else ""))
+        return found
+
+    def _upgrade(self, found: int) -> None:
+        """Bring an older store to SCHEMA_VERSION in one write transaction.
+
+        2 -> 3: nothing to rewrite. Schema 2 inode records (and snapshot
+        entries) are shorter and read as made and changed by an unknown call;
+        the `call` and `steplog` tables were created when the databases were
+        opened.
+        """
+        with self.txn(write=True) as txn:
+            txn.put(b"schema", _U32.pack(SCHEMA_VERSION), db=self.db["meta"])
 
     def _open_db(self, name: str):
         try:
@@ -407,7 +430,7 @@ class Store(NamespaceMixin, XattrMixin):
     #: tables whose keys start with the volume id
     _PER_VOLUME = ("inode", "dentry", "dirlist", "backlink", "link", "block", "xattr",
                    "bystep", "agestep", "donestep", "orphan", "evicted", "evictino", "removed",
-                   "snap", "sgone", "sver", "sgen", "sdirty", "hotino", "published")
+                   "snap", "sgone", "sver", "sgen", "sdirty", "hotino", "published", "steplog")
 
     def drop_volume(self, name: str, entry_refs: Callable[[bytes, bytes], list[bytes]]) -> None:
         """Delete a volume and its snapshots, releasing the content they held.
@@ -805,7 +828,7 @@ class Store(NamespaceMixin, XattrMixin):
 
     #: attributes `set_attrs` may change (content fields go through commit_content)
     SETTABLE = frozenset({"mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns",
-                          "status", "pinned", "step", "rdev"})
+                          "status", "pinned", "step", "rdev", "changed_by"})
 
     def set_attrs(self, ino: int, **changes) -> Inode:
         """Change some attributes in one transaction; the new record.
