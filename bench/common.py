@@ -255,6 +255,9 @@ class VfsdMount:
     peak_rss_kib: int = 0
     max_anon_kib: int = 0
     mount_count: int = field(default=0, init=False)
+    #: keep a reader on `.vfsd/accesslog` while mounted (the cost of a busy log)
+    access_log_reader: bool = False
+    _reader: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
     def root(self) -> Path:
@@ -290,6 +293,9 @@ class VfsdMount:
         if not is_mounted(self.root):
             raise RuntimeError(f"vfsd mount returned but {self.root} is not mounted")
         self.mount_count += 1
+        if self.access_log_reader:
+            self._reader = subprocess.Popen(["cat", str(self.root / ".vfsd" / "accesslog")],
+                                            stdout=subprocess.DEVNULL)
 
     def pid(self) -> int | None:
         try:
@@ -307,6 +313,10 @@ class VfsdMount:
 
     def umount(self) -> None:
         self.sample_rss()
+        if self._reader is not None:
+            self._reader.terminate()
+            self._reader.wait()
+            self._reader = None
         self.cli("umount", str(self.run_dir))
 
     def remount(self) -> None:
@@ -548,3 +558,5 @@ def add_run_options(ap) -> None:
         help="first wait (up to 30 min) for the 1-minute load average to drop below LOAD",
     )
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--access-log-reader", action="store_true",
+                    help="keep `cat .vfsd/accesslog` running while mounted (a busy access log)")

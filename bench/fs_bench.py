@@ -128,7 +128,8 @@ class Bench:
             self.vfsd.root.mkdir()
             spread_directories(self.vfsd.root)
         else:
-            mount = VfsdMount(base / "run", tuple(args.vfsd_opt))
+            mount = VfsdMount(base / "run", tuple(args.vfsd_opt),
+                              access_log_reader=args.access_log_reader)
             mount.mount()
             self.vfsd = Side("vfsd", mount.root, mount)
         self.sides = (self.native, self.vfsd)

@@ -641,6 +641,7 @@ class Runner:
         self.spread_note = spread_directories(self.native)
         self.mount = SourceMount(base / "run", tuple(args.vfsd_opt))
         self.mount.src = Path(args.vfsd_src).resolve() if args.vfsd_src else None
+        self.mount.access_log_reader = args.access_log_reader
         self.mount.mount()
         self.assets = Assets(Path(args.cache).expanduser(), self.sizes["tree_files"], self.log)
         self.rows: dict[str, dict] = {}
