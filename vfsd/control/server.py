@@ -109,6 +109,7 @@ class ControlServer:
             "locate": self.op_locate, "sync": self.op_sync,
             "publish_status": self.op_publish_status,
             "perf": self.op_perf, "info": self.op_info, "timeline": self.op_timeline,
+            "warmup_plan": self.op_warmup_plan, "warmup_fetch": self.op_warmup_fetch,
             "call_begin": self.op_call_begin,
             "call_end": self.op_call_end,
         }
@@ -408,6 +409,30 @@ class ControlServer:
         self.ops.journal.flush()
         return timeline(self.store, self.daemon.snapshots,
                         describe_call=self.ops.provenance.describe)
+
+    async def op_warmup_plan(self, req: dict) -> dict:
+        """Which chunks of `paths` (default: every file) are local, and which a
+        warm-up fetches within the cache's bound (`remote.warmup`)."""
+        from vfsd.remote import warmup
+
+        remote = self._remote()
+        paths = _arg(req, "paths", list, [])
+        if len(paths) > 10_000 or not all(isinstance(p, str) for p in paths):
+            raise RequestError("bad_request", "'paths' is a list of at most 10,000 paths")
+        roots = []
+        for path in paths or ["."]:
+            parts = [p for p in path.split("/") if p not in ("", ".")]
+            if ".." in parts:
+                raise RequestError("forbidden", f"path {path!r} leaves the mount")
+            roots.append(self.store.resolve_path("/".join(parts)))
+        return await warmup.plan(self.store, remote.cache, roots)
+
+    async def op_warmup_fetch(self, req: dict) -> dict:
+        from vfsd.remote import warmup
+
+        remote = self._remote()
+        return await warmup.fetch(remote, self.store,
+                                  warmup.parse_digests(req.get("digests")))
 
     def op_call_begin(self, req: dict) -> dict:
         """From now on, requests of the processes in `cgroup` (a cgroup

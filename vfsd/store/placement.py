@@ -18,12 +18,14 @@ def placement(store, ino: int) -> dict:
     `remote_only`: chunks this store does not hold, safe in the bucket
     (fetched when read); `pending_upload`: chunk files not in the bucket
     yet (a remote store keeps them until they are). `missing` lists the
-    digests of the remote-only chunks (hex), for a warm-up.
+    (digest, size) of the remote-only chunks and `present` those of the
+    local ones, for a warm-up.
     """
     out = {key: 0 for key in ("blocks", "inline", "inline_bytes", "hot", "local",
                               "local_bytes", "remote_only", "remote_only_bytes",
                               "pending_upload")}
-    missing: list[str] = []
+    missing: list[tuple[bytes, int]] = []
+    present: list[tuple[bytes, int]] = []
     with store.txn() as txn:
         refs = store._block_map(txn, ino)
         for ref in refs.values():
@@ -47,9 +49,11 @@ def placement(store, ino: int) -> dict:
             if store.chunks.exists(digest):
                 out["local"] += 1
                 out["local_bytes"] += size
+                present.append((digest, size))
             else:
                 out["remote_only"] += 1
                 out["remote_only_bytes"] += size
-                missing.append(digest.hex())
+                missing.append((digest, size))
     out["missing"] = missing
+    out["present"] = present
     return out
