@@ -17,14 +17,19 @@ import json
 import secrets
 import socket
 import struct
+import subprocess
+import sys
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from conftest import MountedRun, is_mounted, vfsd_cli
+import xxhash
+from conftest import VFSD, MountedRun, is_mounted, vfsd_cli
 from remote_run import FAST, Bucket, snapshot, status, sync, use_server
 from s3server import s3_server  # noqa: F401 - fixture
 
+from vfsd.remote import manifest
 from vfsd.remote.head import Head
 from vfsd.remote.manifest import Manifest, decode, encode
 from vfsd.snapshots.snapshots import pack_inode_entry, unpack_inode_entry
@@ -331,3 +336,48 @@ def test_an_endpoint_url_with_a_password_is_refused_and_never_shown(s3, base, tm
     assert secret not in shown
     assert proc.returncode == 1 and "credentials" in proc.stderr, proc.stderr
     assert gc.returncode != 0 and "credentials" in gc.stderr, gc.stderr
+
+
+# ------------------------------------------------------------------ zlib bombs
+
+PEAK_RSS = """
+import resource, subprocess, sys
+proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(proc.stderr)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+sys.exit(proc.returncode)
+"""
+
+
+def peak_rss_mib(*cmd: str) -> tuple[subprocess.CompletedProcess, int]:
+    """Run a command; (its process, the peak resident memory of it and its children)."""
+    proc = subprocess.run([sys.executable, "-c", PEAK_RSS, *cmd], capture_output=True,
+                          text=True, timeout=300)
+    return proc, int(proc.stdout.split()[-1])
+
+
+def zlib_bomb(run: str, raw: int = 1 << 30) -> bytes:
+    """A manifest of 1 MB whose body decompresses to `raw` bytes of zeros."""
+    c = zlib.compressobj(9)
+    piece = bytes(16 << 20)
+    body = b"".join(c.compress(piece) for _ in range(raw // len(piece))) + c.flush()
+    head = manifest._HEAD.pack(manifest.MAGIC, manifest.FORMAT_VERSION, manifest.KIND_FULL, 0,
+                               1, 0, 1, 1, 1, 1 << 20, 1, 0, len(body), raw)
+    out = head + bytes((len(run),)) + run.encode() + struct.pack(">H", 0) + body
+    return out + xxhash.xxh3_128_digest(out)
+
+
+def test_a_zlib_bomb_is_refused_without_taking_the_memory(s3, base, tmp_path):
+    """A 1 MB manifest that decompresses to 1 GiB: the worker decompressed it
+    whole (1 GiB, then a copy of what it parsed) before finding it garbage;
+    a GC sweep did the same for every such manifest, eight at a time. The
+    body is now decompressed a piece at a time as it is parsed."""
+    run = plant(base)
+    base.bucket.put(f"runs/{run}/snapshots/1", zlib_bomb(run))
+    proc, rss = peak_rss_mib(*VFSD, "mount", "-f", "--log-stderr", str(tmp_path / "t"),
+                             "--remote", base.url, "--from", f"{run}@s1", *FAST)
+    assert proc.returncode == 1 and "not sorted" in proc.stderr, proc.stderr[-2000:]
+    assert rss < 400, f"the refused resume took {rss} MiB"
+    proc, rss = peak_rss_mib(*VFSD, "gc", "--remote", base.url, "--dry-run")
+    assert proc.returncode != 0 and "nothing was deleted" in proc.stderr, proc.stderr[-2000:]
+    assert rss < 400, f"the refused sweep took {rss} MiB"

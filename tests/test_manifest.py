@@ -149,3 +149,18 @@ def test_bad_resume_specs(text, why):
 def test_good_resume_spec():
     assert parse_resume_spec(f"{RUN}@s12") == (RUN, 12)
     assert parse_resume_spec(RUN) == (RUN, None)  # its latest published snapshot
+
+
+def test_a_body_larger_than_memory_allows_is_refused_before_decompressing():
+    data = encode(sample())
+    raw_len = struct.unpack_from(">Q", data, 72)[0]
+    with pytest.raises(ManifestError, match="larger than allowed here"):
+        decode(data, run=RUN, seq=3, max_raw=raw_len - 1)
+    assert decode(data, run=RUN, seq=3, max_raw=raw_len).raw_len == raw_len
+
+
+def test_without_entries_a_manifest_still_names_its_chunks():
+    m = sample()
+    slim = decode(encode(m), run=RUN, seq=3, keep_entries=False)
+    assert slim.entries == [] and slim.blobs == {}
+    assert slim.chunk_digests() == m.chunk_digests() and slim.chunk_digests()

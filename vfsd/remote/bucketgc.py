@@ -222,7 +222,8 @@ def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
         except RemoteNotFound:
             return set()  # retired meanwhile: the next listing shows its successor
         try:
-            return decode(data, run=run, seq=seq_of_manifest_name(rest)).chunk_digests()
+            return decode(data, run=run, seq=seq_of_manifest_name(rest),
+                          keep_entries=False).chunk_digests()
         except ManifestError as exc:
             raise GcError(f"{exc}; nothing was deleted (what it names is unknown). "
                           f"Inspect or delete {key} by hand") from None

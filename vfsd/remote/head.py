@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from .layout import check_run_id, head_key, manifest_key
-from .manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, decode
+from .manifest import MAX_MANIFEST_BYTES, MAX_RAW_BYTES, Manifest, ManifestError, decode
 from .objstore import ObjectStore, RemoteConflict, RemoteNotFound, RemoteTooLarge
 
 HEAD_FORMAT = 1
@@ -169,9 +169,10 @@ def write_head(store: ObjectStore, head: Head, *, create: bool = False) -> str:
     return etag
 
 
-def fetch_manifest(store: ObjectStore, run: str, seq: int,
-                   deadline: float | None = None) -> tuple[Manifest, int]:
-    """One manifest, checked: (manifest, bytes). UnknownSnapshot if there is none."""
+def fetch_manifest(store: ObjectStore, run: str, seq: int, deadline: float | None = None,
+                   max_raw: int = MAX_RAW_BYTES) -> tuple[Manifest, int]:
+    """One manifest, checked: (manifest, bytes). UnknownSnapshot if there is none;
+    ManifestError if its body would decompress to more than `max_raw`."""
     try:
         fetched = store.get(manifest_key(run, seq), max_bytes=MAX_MANIFEST_BYTES,
                             deadline=deadline)
@@ -180,21 +181,25 @@ def fetch_manifest(store: ObjectStore, run: str, seq: int,
                               f"{store.url}") from None
     except RemoteTooLarge as exc:
         raise ManifestError(f"manifest {run}/s{seq}: {exc}") from None
-    return decode(fetched.data, run=run, seq=seq), len(fetched.data)
+    return decode(fetched.data, run=run, seq=seq, max_raw=max_raw), len(fetched.data)
 
 
-def fetch_chain(store: ObjectStore, run: str, seq: int) -> list[Manifest]:
+def fetch_chain(store: ObjectStore, run: str, seq: int,
+                memory: int = MAX_RAW_BYTES) -> list[Manifest]:
     """The manifests that make snapshot `seq`: its full manifest first, `seq` last.
 
     Every manifest is checked (`manifest.decode`); a missing parent, a chunk
-    size that changes along the chain, or a chain that does not end in a full
-    manifest raise ManifestError or UnknownSnapshot.
+    size that changes along the chain, a chain that does not end in a full
+    manifest, or bodies that together decompress to more than `memory`
+    bytes raise ManifestError or UnknownSnapshot.
     """
     chain: list[Manifest] = []
     want = seq
+    left = memory
     while True:
         try:
-            m, _ = fetch_manifest(store, run, want)
+            m, _ = fetch_manifest(store, run, want, max_raw=left)
+            left -= m.raw_len
         except UnknownSnapshot:
             if want == seq:
                 raise

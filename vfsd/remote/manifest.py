@@ -33,7 +33,8 @@ KIND_DELTA = 1
 FLAG_PINNED = 1
 #: a manifest object larger than this is refused before its body is read
 MAX_MANIFEST_BYTES = 2 << 30
-#: and its body may not decompress to more than this
+#: and its body may not decompress to more than this (a resume allows less when
+#: memory is short: `vfsd.remote.resume.manifest_memory`)
 MAX_RAW_BYTES = 4 << 30
 MAX_LABEL_BYTES = 1024
 
@@ -63,6 +64,10 @@ class Manifest:
     blobs: dict[bytes, bytes] = field(default_factory=dict)  # digest -> bytes
     pinned: bool = False
     label: str = ""
+    #: decoded without its entries (`decode(keep_entries=False)`): the chunks they name
+    chunks: set[bytes] | None = field(default=None, compare=False)
+    #: the body's decompressed size, as decoded
+    raw_len: int = field(default=0, compare=False)
 
     @property
     def full(self) -> bool:
@@ -70,6 +75,8 @@ class Manifest:
 
     def chunk_digests(self) -> set[bytes]:
         """Digests of the chunk files (not blobs) this manifest's entries name."""
+        if self.chunks is not None:
+            return set(self.chunks)
         return entry_digests(self.entries, LOC_FILE)
 
 
@@ -117,11 +124,18 @@ def encode(m: Manifest, level: int = 6) -> bytes:
 # ------------------------------------------------------------------ decoding
 
 
-def decode(data: bytes, *, run: str | None = None, seq: int | None = None) -> Manifest:
+def decode(data: bytes, *, run: str | None = None, seq: int | None = None,
+           max_raw: int = MAX_RAW_BYTES, keep_entries: bool = True) -> Manifest:
     """The manifest in `data`, fully checked; ManifestError if anything is off.
 
     `run` and `seq`, when given, must be what the manifest says it is (the
-    key it was read from).
+    key it was read from). A body recorded as larger than `max_raw` bytes is
+    refused before any of it is decompressed; the body is decompressed a
+    piece at a time while it is parsed, so a body that decompresses to
+    gigabytes of garbage costs a piece, not gigabytes. Without
+    `keep_entries` the entries are checked but not kept (the manifest's
+    `chunks` is filled instead): what a GC sweep needs, in memory that
+    follows the chunks named, not the entries.
     """
     where = f"manifest {run or '?'}/s{seq or '?'}"
     if len(data) < _HEAD.size + 1 + 2 + 16:
@@ -160,62 +174,130 @@ def decode(data: bytes, *, run: str | None = None, seq: int | None = None) -> Ma
         raise ManifestError(f"{where}: step, time or generation out of range")
     if not 4096 <= chunk_size <= 64 << 20:
         raise ManifestError(f"{where}: chunk size {chunk_size} is out of range")
-    if raw_len > MAX_RAW_BYTES:
-        raise ManifestError(f"{where}: body of {raw_len} bytes is larger than allowed")
-    dec = zlib.decompressobj()
-    try:
-        raw = dec.decompress(data[pos:pos + body_len], raw_len + 1)
-    except zlib.error as exc:
-        raise ManifestError(f"{where}: body does not decompress ({exc})") from None
-    if len(raw) != raw_len or not dec.eof or dec.unused_data:
-        raise ManifestError(f"{where}: body decompresses to a different size than recorded")
-    entries, blobs = _parse_body(raw, n_entries, n_blobs, kind == KIND_FULL, chunk_size, where)
-    return Manifest(m_run_s, m_seq, parent, step, created_ns, generation, chunk_size, entries,
-                    blobs, pinned=bool(flags & FLAG_PINNED), label=label)
+    if raw_len > min(max_raw, MAX_RAW_BYTES):
+        raise ManifestError(f"{where}: its body of {raw_len} bytes is larger than allowed "
+                            f"here ({min(max_raw, MAX_RAW_BYTES)} bytes)")
+    body = _Body(memoryview(data)[pos:pos + body_len], raw_len, where)
+    m = Manifest(m_run_s, m_seq, parent, step, created_ns, generation, chunk_size, [],
+                 pinned=bool(flags & FLAG_PINNED), label=label, raw_len=raw_len)
+    _parse_body(body, m, n_entries, n_blobs, kind == KIND_FULL, where, keep_entries)
+    body.finish()
+    return m
 
 
-def _parse_body(raw: bytes, n_entries: int, n_blobs: int, full: bool, chunk_size: int,
-                where: str) -> tuple[list[tuple[bytes, bytes]], dict[bytes, bytes]]:
-    view = memoryview(raw)
-    pos = 0
-    entries: list[tuple[bytes, bytes]] = []
+class _Body:
+    """A manifest's compressed body, decompressed in pieces as it is read.
+
+    At most `PIECE` bytes are decompressed ahead of the reader, and never
+    more in all than the header recorded: a body that lies about its size,
+    or is a zlib bomb, fails when the lie shows, holding one piece.
+    """
+
+    PIECE = 1 << 20
+
+    def __init__(self, compressed: memoryview, raw_len: int, where: str) -> None:
+        self.src = compressed
+        self.src_pos = 0
+        self.dec = zlib.decompressobj()
+        self.buf = b""
+        self.pos = 0
+        self.left = raw_len  # bytes still to come out of the decompressor
+        self.where = where
+
+    def take(self, n: int) -> bytes:
+        """The next `n` bytes of the body (ManifestError past its end)."""
+        buf, pos = self.window(self.pos, n)
+        self.pos = pos + n
+        return buf[pos:pos + n]
+
+    def window(self, pos: int, n: int) -> tuple[bytes, int]:
+        """(buffer, position) with `n` bytes available from `pos` on, where
+        `pos` is a position in the current buffer (ManifestError past the end)."""
+        if len(self.buf) - pos >= n:
+            return self.buf, pos
+        self.buf = self.buf[pos:]
+        while len(self.buf) < n:
+            if not self._more(n - len(self.buf)):
+                raise ManifestError(f"{self.where}: body is truncated")
+        return self.buf, 0
+
+    def _more(self, wanted: int) -> bool:
+        """Decompress some more (up to a piece past `wanted`); False at the end."""
+        try:
+            while True:
+                limit = min(max(wanted, self.PIECE), self.left + 1)
+                if self.dec.unconsumed_tail:
+                    got = self.dec.decompress(self.dec.unconsumed_tail, limit)
+                elif self.src_pos < len(self.src) and not self.dec.eof:
+                    step = self.src[self.src_pos:self.src_pos + self.PIECE]
+                    self.src_pos += len(step)
+                    got = self.dec.decompress(step, limit)
+                else:
+                    return False
+                if len(got) > self.left:
+                    raise ManifestError(f"{self.where}: body decompresses to a different "
+                                        "size than recorded (more)")
+                self.left -= len(got)
+                if got:
+                    self.buf = self.buf + got
+                    return True
+        except zlib.error as exc:
+            raise ManifestError(f"{self.where}: body does not decompress ({exc})") from None
+
+    def finish(self) -> None:
+        """ManifestError unless the body ended exactly where the parse did."""
+        if len(self.buf) - self.pos or self._more(1):
+            raise ManifestError(f"{self.where}: stray bytes after the blobs")
+        if self.left or not self.dec.eof or self.dec.unused_data \
+                or self.src_pos < len(self.src):
+            raise ManifestError(f"{self.where}: body decompresses to a different size than "
+                                "recorded")
+
+
+def _parse_body(body: _Body, m: Manifest, n_entries: int, n_blobs: int, full: bool,
+                where: str, keep: bool) -> None:
     last = b""
-    try:
-        for _ in range(n_entries):
-            klen = _U16.unpack_from(view, pos)[0]
-            okey = bytes(view[pos + 2:pos + 2 + klen])
-            pos += 2 + klen
-            vlen = _U32.unpack_from(view, pos)[0]
-            value = bytes(view[pos + 4:pos + 4 + vlen])
-            pos += 4 + vlen
-            if len(okey) != klen or len(value) != vlen:
-                raise ManifestError(f"{where}: an entry runs past the end of the body")
-            if okey <= last:
-                raise ManifestError(f"{where}: entries are not sorted or not unique")
-            last = okey
-            check_entry(okey, value, where, allow_gone=not full)
-            entries.append((okey, value))
-        blobs: dict[bytes, bytes] = {}
-        prev = b""
-        for _ in range(n_blobs):
-            digest = bytes(view[pos:pos + _DIGEST_LEN])
-            blen = _U32.unpack_from(view, pos + _DIGEST_LEN)[0]
-            start = pos + _DIGEST_LEN + 4
-            blob = bytes(view[start:start + blen])
-            pos = start + blen
-            if len(blob) != blen or len(digest) != _DIGEST_LEN:
-                raise ManifestError(f"{where}: a blob runs past the end of the body")
-            if digest <= prev:
-                raise ManifestError(f"{where}: blobs are not sorted or not unique")
-            prev = digest
-            if blen > chunk_size or xxhash.xxh3_128_digest(blob) != digest:
-                raise ManifestError(f"{where}: blob {digest.hex()} does not match its name")
-            blobs[digest] = blob
-    except struct.error:
-        raise ManifestError(f"{where}: body is truncated") from None
-    if pos != len(raw):
-        raise ManifestError(f"{where}: {len(raw) - pos} stray bytes after the blobs")
-    return entries, blobs
+    chunks: set[bytes] = set()
+    buf, pos = body.buf, body.pos
+    u16, u32 = _U16.unpack_from, _U32.unpack_from
+    for _ in range(n_entries):
+        if len(buf) - pos < 6:
+            buf, pos = body.window(pos, 6)
+        klen = u16(buf, pos)[0]
+        if len(buf) - pos < 6 + klen:
+            buf, pos = body.window(pos, 6 + klen)
+        vlen = u32(buf, pos + 2 + klen)[0]
+        need = 6 + klen + vlen
+        if len(buf) - pos < need:
+            buf, pos = body.window(pos, need)
+        okey = buf[pos + 2:pos + 2 + klen]
+        value = buf[pos + 6 + klen:pos + need]
+        pos += need
+        if okey <= last:
+            raise ManifestError(f"{where}: entries are not sorted or not unique")
+        last = okey
+        check_entry(okey, value, where, allow_gone=not full)
+        if keep:
+            m.entries.append((okey, value))
+        else:
+            chunks |= entry_digests([(okey, value)], LOC_FILE)
+    body.pos = pos
+    prev = b""
+    for _ in range(n_blobs):
+        digest = body.take(_DIGEST_LEN)
+        blen = _U32.unpack(body.take(4))[0]
+        if digest <= prev:
+            raise ManifestError(f"{where}: blobs are not sorted or not unique")
+        if blen > m.chunk_size:
+            raise ManifestError(f"{where}: blob {digest.hex()} is larger than a chunk")
+        blob = body.take(blen)
+        prev = digest
+        if xxhash.xxh3_128_digest(blob) != digest:
+            raise ManifestError(f"{where}: blob {digest.hex()} does not match its name")
+        if keep:
+            m.blobs[digest] = blob
+    if not keep:
+        m.chunks = chunks
 
 
 def check_entry(okey: bytes, value: bytes, where: str, *, allow_gone: bool) -> None:

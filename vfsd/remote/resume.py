@@ -29,6 +29,7 @@ import struct
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
@@ -47,7 +48,7 @@ from vfsd.store.inode import Inode
 from vfsd.store.store import ROOT_INO, Store
 
 from .head import Head, fetch_chain, read_head
-from .manifest import Manifest, ManifestError
+from .manifest import MAX_RAW_BYTES, Manifest, ManifestError
 from .objstore import ObjectStore
 
 log = structlog.get_logger("vfsd.remote")
@@ -91,7 +92,7 @@ def load_snapshot(store: ObjectStore, run: str, seq: int) -> RemoteSnapshot:
         raise UnknownRun(f"run {run} is unknown in {store.url} (no runs/{run}/head); the "
                          "run id is what `vfsd status --json` reports as \"run\"")
     try:
-        chain = fetch_chain(store, run, seq)
+        chain = fetch_chain(store, run, seq, memory=manifest_memory())
     except UnknownSnapshot:
         listed = ", ".join(head.ids()[-10:]) or "none"
         raise UnknownSnapshot(f"run {run} has no published snapshot s{seq} in {store.url} "
@@ -107,6 +108,32 @@ def load_snapshot(store: ObjectStore, run: str, seq: int) -> RemoteSnapshot:
         blobs.update(m.blobs)
     sizes = check_tree(state, blobs, chain[-1].chunk_size, f"snapshot s{seq} of run {run}")
     return RemoteSnapshot(run, seq, head, chain, state, blobs, sizes)
+
+
+def manifest_memory() -> int:
+    """Bytes of manifest bodies a resume may decompress: a quarter of the
+    memory this process can still take (MemAvailable, and what its cgroup's
+    memory.max leaves), as the decoded state costs about three times the
+    body; at most `MAX_RAW_BYTES`. A planted chain that decompresses to more
+    is refused before it takes the machine's memory."""
+    avail = MAX_RAW_BYTES * 4
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        rel = Path("/proc/self/cgroup").read_text().split("::", 1)[1].strip()
+        group = Path("/sys/fs/cgroup") / rel.lstrip("/")
+        limit = (group / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((group / "memory.current").read_text())
+            avail = min(avail, int(limit) - used)
+    except (OSError, ValueError, IndexError):
+        pass  # no cgroup v2 limit here
+    return max(0, min(MAX_RAW_BYTES, avail // 4))
 
 
 def check_tree(state: dict[bytes, bytes], blobs: dict[bytes, bytes], chunk_size: int,
