@@ -43,7 +43,8 @@ gc/lease                             held while a GC sweep may delete chunks
     over with `If-Match: <ETag>` only. `generation` grows by one at every
     acquisition (one above the record replaced), also when a restarted daemon
     takes back its own lease: it is the run's fencing token, and no two
-    holders ever share one. `session` is random per acquiring process; a
+    holders ever share one. It stays below 2**62; a record at or above it
+    is damaged (taken over once it lapses). `session` is random per acquiring process; a
     holder recognises its own earlier write (an answer lost) by session and
     generation, never by the owner token alone. Expiry is judged on the server's
     clock (its Last-Modified and Date headers), never on a worker's wall clock:
