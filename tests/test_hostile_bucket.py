@@ -215,6 +215,25 @@ def test_a_sparse_file_at_the_local_bound_imports_and_hashes_at_once(s3, base, t
         t.umount()
 
 
+def test_a_planted_label_reaches_no_terminal_as_escape_sequences(s3, base, tmp_path):
+    """A label is shown by `vfsd snapshots`: ESC sequences in a planted one
+    (OSC 52 writes the clipboard of many terminals) are printed escaped; one
+    longer than a local label may be is refused."""
+    assert "label" in refused(base, plant(base, label="x" * 201), tmp_path / "long")
+    evil = "\x1b]52;c;ZXZpbA==\x07\x1b[2Jplanted"
+    t = MountedRun(tmp_path / "t", ("--remote", base.url, "--from",
+                                    f"{plant(base, label=evil)}@s1", *FAST))
+    t.mount()
+    try:
+        out = vfsd_cli("snapshots", t.run_dir).stdout
+        assert "planted" in out and "\x1b" not in out and "\x07" not in out, repr(out)
+        assert "\\x1b]52" in out
+        assert json.loads(vfsd_cli("snapshots", t.run_dir, "--json").stdout)[
+            "snapshots"][0]["label"] == evil  # the data itself is kept as it is
+    finally:
+        t.umount()
+
+
 # ------------------------------------------------------------------------ leases
 
 

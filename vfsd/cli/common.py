@@ -6,6 +6,7 @@ The conventions these helpers carry are written in `vfsd.cli`'s docstring.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -69,10 +70,22 @@ def emit(doc, as_json: bool, text=None) -> None:
     out = text(doc)
     if isinstance(out, str):
         if out:
-            click.echo(out)
+            click.echo(printable(out))
     else:
         for line in out:
-            click.echo(line)
+            click.echo(printable(line))
+
+
+#: C0 and C1 control characters but tab and newline, and DEL
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters written as escapes: names, labels and
+    paths can come from anyone (a planted run in a bucket included), and a
+    terminal takes ESC sequences as orders (set the title, write the
+    clipboard, hide lines)."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 def json_option(fn):

@@ -37,6 +37,8 @@ MAX_MANIFEST_BYTES = 2 << 30
 #: memory is short: `vfsd.remote.resume.manifest_memory`)
 MAX_RAW_BYTES = 4 << 30
 MAX_LABEL_BYTES = 1024
+#: what a local snapshot's label may hold (`Snapshots.create`)
+MAX_LABEL_CHARS = 200
 
 _HEAD = struct.Struct(">8sHBBQQQQQIIIQQ")
 _U16 = struct.Struct(">H")
@@ -160,6 +162,9 @@ def decode(data: bytes, *, run: str | None = None, seq: int | None = None,
     except (UnicodeDecodeError, struct.error):
         raise ManifestError(f"{where}: header does not decode") from None
     pos += 2 + llen
+    if len(label) > MAX_LABEL_CHARS:
+        raise ManifestError(f"{where}: a label of {len(label)} characters (a snapshot's is at "
+                            f"most {MAX_LABEL_CHARS})")
     if pos + body_len != len(data) - 16:
         raise ManifestError(f"{where}: body length {body_len} does not match the object size")
     if run is not None and m_run_s != run:
