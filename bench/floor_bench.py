@@ -243,7 +243,9 @@ def main() -> int:
                      False),
         "du -s after tar xf": (tree_files, tool(lambda _d, t: ["du", "-s", str(t)]), True),
         "find | xargs grep after tar xf": (
-            tree_files, tool(lambda _d, t: f"find {t} -type f | xargs grep -l ConnectionError"),
+            # xargs says 123 when one of its greps found nothing: not a failure here.
+            tree_files, tool(lambda _d, t: f"find {t} -type f | xargs grep -l ConnectionError"
+                                           " || [ $? -eq 123 ]"),
             True),
     }
     if args.only:
