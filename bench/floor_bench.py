@@ -154,8 +154,17 @@ class FloorMount:
         return json.loads(self.counts_file.read_text())
 
     def close(self) -> None:
-        subprocess.run(["fusermount3", "-u", str(self.root)], check=False)
-        self.proc.wait(timeout=30)
+        for _attempt in range(50):  # busy while something else on the machine walks it
+            if subprocess.run(["fusermount3", "-u", str(self.root)],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.root)], capture_output=True)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 class VfsdSide:
@@ -280,8 +289,11 @@ def main() -> int:
                 for child in root.iterdir():  # the next repetition starts empty
                     run_tool(["rm", "-rf", str(child)])
     finally:
-        floor.close()
-        vfsd.close()
+        for close in (floor.close, vfsd.close):
+            try:
+                close()
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                print(f"cleanup: {exc}", file=sys.stderr)  # the figures still count
         rmtree_quiet(base)
     print(f"\nload average at the end: {load_average()}")
     print(f"\nmedian of {args.reps} runs; loops of {args.files} files, a tree of "
