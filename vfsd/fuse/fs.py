@@ -154,6 +154,12 @@ class Counters:
         return {name: getattr(self, name) for name in self.__slots__ if name != "requests"}
 
 
+def _pid(ctx) -> int:
+    """The requesting process (0 when there is no request context: the
+    daemon's own calls and the unit tests that drive operations directly)."""
+    return ctx.pid if ctx is not None else 0
+
+
 class VfsdOperations(pyfuse3.Operations):
     """The vfsd filesystem."""
 
@@ -455,7 +461,7 @@ class VfsdOperations(pyfuse3.Operations):
             try:
                 if not of.inode.is_reg:
                     raise pyfuse3.FUSEError(errno.EINVAL)
-                self._note_writer(of, ctx.pid)
+                self._note_writer(of, _pid(ctx))
                 if self.quota is not None and attr.st_size > of.inode.size:
                     self.quota(attr.st_size - of.inode.size, ino)
                     await self._drop_evicted_names()
@@ -569,7 +575,7 @@ class VfsdOperations(pyfuse3.Operations):
         if self.reserve_file is not None and stat.S_ISREG(mode):
             self.reserve_file()
             self._queue_evicted_names()
-        call = self.provenance.of_pid(ctx.pid)
+        call = self.provenance.of_pid(_pid(ctx))
         inode = self.store.create(self._ino(parent_inode), name, mode, ctx.uid, ctx.gid, rdev,
                                   call=call)
         if inode.is_reg:
@@ -581,7 +587,7 @@ class VfsdOperations(pyfuse3.Operations):
         self._new_name(self._ino(parent_inode), name)
         inode = self.store.create(self._ino(parent_inode), name,
                                   stat.S_IFDIR | (mode & 0o7777), ctx.uid, ctx.gid,
-                                  call=self.provenance.of_pid(ctx.pid))
+                                  call=self.provenance.of_pid(_pid(ctx)))
         return self._remember(inode)
 
     @_guard
@@ -589,7 +595,7 @@ class VfsdOperations(pyfuse3.Operations):
         self._new_name(self._ino(parent_inode), name)
         inode = self.store.create(self._ino(parent_inode), name, stat.S_IFLNK | 0o777,
                                   ctx.uid, ctx.gid, target=target,
-                                  call=self.provenance.of_pid(ctx.pid))
+                                  call=self.provenance.of_pid(_pid(ctx)))
         return self._remember(inode)
 
     @_guard
@@ -604,7 +610,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.files.names_changed(child)
         if child.nlink == 0:
             if child.is_reg:
-                self.journal.file_deleted(parent, name, self.provenance.of_pid(ctx.pid))
+                self.journal.file_deleted(parent, name, self.provenance.of_pid(_pid(ctx)))
             self._maybe_free(child.ino)
 
     @_guard
@@ -637,7 +643,7 @@ class VfsdOperations(pyfuse3.Operations):
             if replaced.nlink == 0:
                 if replaced.is_reg:
                     self.journal.file_deleted(self._ino(parent_inode_new), name_new,
-                                              self.provenance.of_pid(ctx.pid))
+                                              self.provenance.of_pid(_pid(ctx)))
                 self._maybe_free(replaced.ino)
 
     @_guard
@@ -684,7 +690,7 @@ class VfsdOperations(pyfuse3.Operations):
             self.files.release(of)
             raise pyfuse3.FUSEError(errno.EINVAL)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
-            self._note_writer(of, ctx.pid)
+            self._note_writer(of, _pid(ctx))
             of.fresh = False
         if flags & os.O_TRUNC and of.inode.size:
             self.files.truncate(of, 0)
@@ -699,7 +705,7 @@ class VfsdOperations(pyfuse3.Operations):
         if self.reserve_file is not None:
             self.reserve_file()
             self._queue_evicted_names()
-        call = self.provenance.of_pid(ctx.pid)
+        call = self.provenance.of_pid(_pid(ctx))
         inode = self.store.create(self._ino(parent_inode), name,
                                   stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid, call=call)
         of = self.files.acquire(inode.ino, inode)
