@@ -78,6 +78,7 @@ from langgraph.types import Command
 from . import toolcalls
 from .checkpointer import VfsdCheckpointer, warn_if_unwrapped
 from .errors import ControlError, MountToolError
+from .evictnotes import glob_note, turn_note, why_missing
 from .filetools import MountFiles
 from .langgraph import files_reducer
 from .mount import Mount
@@ -316,6 +317,13 @@ class VfsdBackend(SandboxBackendProtocol):
             raise ValueError(reason)
         return normalized
 
+    @staticmethod
+    def _exists(v: _RunView, virtual: str) -> bool:
+        try:
+            return os.path.lexists(v.mount.resolve_path(virtual.lstrip("/") or "."))
+        except (OSError, ValueError):
+            return False
+
     def _check_access(self, v: _RunView, virtual: str, *, write: bool = False) -> None:
         """PermissionError when the sandboxed shell could not read (write) this file."""
         if not self._dac:
@@ -340,7 +348,10 @@ class VfsdBackend(SandboxBackendProtocol):
         """
         try:
             with self._use() as v:
-                result = v.files.ls(self._confine(v, path))
+                virtual = self._confine(v, path)
+                result = v.files.ls(virtual)
+                if result.error and result.error.endswith("path_not_found"):
+                    result = LsResult(error=_told(result.error, v.mount, virtual))
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return LsResult(error=f"Cannot list '{path}': {_reason(exc)}")
         for entry in result.entries or ():
@@ -359,6 +370,8 @@ class VfsdBackend(SandboxBackendProtocol):
                 virtual = self._confine(v, file_path)
                 self._check_access(v, virtual)
                 result = v.files.read(virtual, offset, limit)
+                if result.error and result.error.endswith("not found"):
+                    result = ReadResult(error=_told(result.error, v.mount, virtual))
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return ReadResult(error=f"Error reading file '{file_path}': {_reason(exc)}")
         data = result.file_data
@@ -383,7 +396,14 @@ class VfsdBackend(SandboxBackendProtocol):
         """Literal (not regex) search in the files under `path` (default: the whole mount)."""
         try:
             with self._use() as v:
-                return v.files.grep(pattern, self._confine(v, path), glob, max_count)
+                virtual = self._confine(v, path)
+                result = v.files.grep(pattern, virtual, glob, max_count)
+                if not result.matches and not result.error and not self._exists(v, virtual):
+                    told = why_missing(v.mount, virtual)
+                    if told:
+                        result = GrepResult(error=f"Path '{virtual}' not found: {told}",
+                                            matches=[])
+                return result
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return GrepResult(error=f"Error searching path '{path}': {_reason(exc)}", matches=[])
 
@@ -391,7 +411,13 @@ class VfsdBackend(SandboxBackendProtocol):
         """Files matching `pattern` under `path`, with deepagents' glob rules."""
         try:
             with self._use() as v:
-                return v.files.glob(pattern, self._confine(v, path))
+                virtual = self._confine(v, path)
+                result = v.files.glob(pattern, virtual)
+                if result.matches == [] and not result.error:
+                    told = glob_note(v.mount, virtual, pattern)
+                    if told:
+                        result = GlobResult(error=told, matches=[])
+                return result
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return GlobResult(error=f"Error: '{path}': {_reason(exc)}")
 
@@ -420,7 +446,10 @@ class VfsdBackend(SandboxBackendProtocol):
             with self._use() as v:
                 virtual = self._confine(v, file_path)
                 self._check_access(v, virtual, write=True)
-                return v.files.edit(virtual, old_string, new_string, replace_all)
+                result = v.files.edit(virtual, old_string, new_string, replace_all)
+                if result.error and result.error.endswith("not found"):
+                    result = EditResult(error=_told(result.error, v.mount, virtual))
+                return result
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return EditResult(error=f"Error editing file '{file_path}': {_reason(exc)}")
 
@@ -585,6 +614,12 @@ def _error_code(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _told(error: str, mount: Mount, virtual: str) -> str:
+    """A file tool's "not found" error, with what eviction did when it removed the path."""
+    told = why_missing(mount, virtual)
+    return f"{error}: {told}" if told else error
+
+
 def _reason(exc: BaseException) -> str:
     """An exception as the text of a tool's error result."""
     if isinstance(exc, RecursionError):
@@ -695,23 +730,32 @@ class VfsdMiddleware(AgentMiddleware):
                 updates[key] = None
         return updates
 
-    def _turn_update(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _turn_update(self, state: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         with lease(self.files) as m:
             return self._turn_update_on(m, state)
 
-    def _turn_update_on(self, m: Mount, state: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _turn_update_on(self, m: Mount, state: Mapping[str, Any]
+                        ) -> tuple[dict[str, Any] | None, str | None]:
+        """The `files` update of the turn that ended, and the note for the model
+        when the step advance evicted files it had used (refs in `files`)."""
         warn_if_unwrapped(self.files)
         files = state.get("files") or {}
         step = m.get_step()
         updates = self.sync_files(files, step, m)
+        note = None
         if self.advance_step:
             report = m.set_step(step + 1)
-            evicted = {rec["ino"] for rec in report.get("evicted", [])}
+            records = report.get("evicted", [])
+            evicted = {rec["ino"] for rec in records}
             view = {**files, **updates}
+            touched = set()
             for key, ref in view.items():
                 if ref and ref.get("ino") in evicted:
                     updates[key] = None
-        return {"files": updates} if updates else None
+                    touched.add(ref["ino"])
+            if touched:
+                note = turn_note(m, records, touched)
+        return ({"files": updates} if updates else None), note
 
     # -- model calls: advance the step, keep large arguments out of the message ----
 
@@ -722,24 +766,28 @@ class VfsdMiddleware(AgentMiddleware):
         ExtendedModelResponse command) instead of a node of its own: one
         superstep, hence one checkpoint, fewer per turn.
         """
-        update = self._turn_update(request.state)
-        response = self._compact_response(handler(self._with_note(request)))
+        update, note = self._turn_update(request.state)
+        response = self._compact_response(handler(self._with_note(request, note)))
         return _with_command(response, update)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Async `wrap_model_call`; mount I/O runs in worker threads."""
-        update = await asyncio.to_thread(self._turn_update, request.state)
-        response = await handler(self._with_note(request))
+        update, note = await asyncio.to_thread(self._turn_update, request.state)
+        response = await handler(self._with_note(request, note))
         response = await asyncio.to_thread(self._compact_response, response)
         return _with_command(response, update)
 
-    def _with_note(self, request: Any) -> Any:
-        """`request` with the path-convention note at the end of its system message."""
-        if not self.prompt_note:
+    def _with_note(self, request: Any, evicted_note: str | None = None) -> Any:
+        """`request` with the path-convention note at the end of its system
+        message, and this turn's eviction note (said once: only the step
+        advance that evicted the files produces it)."""
+        message = request.system_message
+        for text in (self.prompt_note, evicted_note):
+            if text:
+                message = append_to_system_message(message, text)
+        if message is request.system_message:
             return request
-        return request.override(
-            system_message=append_to_system_message(request.system_message, self.prompt_note)
-        )
+        return request.override(system_message=message)
 
     def _compact_response(self, response: Any) -> Any:
         if not _has_big_args(response, self.compact_threshold_chars):

@@ -58,6 +58,27 @@ class Evicted(RefError, FileNotFoundError):
         self.record = record
 
 
+class EvictedPath(MountToolError, FileNotFoundError):
+    """A path that is missing because eviction removed it.
+
+    Raised by `Mount.read_bytes` (and anything reading by path through the
+    Mount) instead of a bare FileNotFoundError: the message says when and
+    why the file went, and whether a retained snapshot still holds it
+    (`snapshot`, else None), so `Mount.unevict` can bring it back. `record`
+    is the daemon's eviction record.
+    """
+
+    def __init__(self, path: str, record: dict[str, Any], message: str) -> None:
+        super().__init__(errno.ENOENT, message)
+        self.path = path
+        self.record = record
+        self.snapshot = record.get("snapshot")
+        self.filename = path
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
 class StaleRef(RefError):
     """The file still exists but its content changed since the ref was taken.
 

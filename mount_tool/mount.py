@@ -21,7 +21,16 @@ from typing import Any
 from . import toolcalls
 from .beneath import makedirs_beneath, open_beneath, relative_parts
 from .client import ControlClient
-from .errors import ControlError, Damaged, Evicted, Missing, MountError, MountToolError, StaleRef
+from .errors import (
+    ControlError,
+    Damaged,
+    Evicted,
+    EvictedPath,
+    Missing,
+    MountError,
+    MountToolError,
+    StaleRef,
+)
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
 from .spawn import run_vfsd
@@ -301,8 +310,14 @@ class Mount:
             return _confined(lambda: open_beneath(root, rel, flags, mode), rel)
 
     def read_bytes(self, path: str | os.PathLike[str]) -> bytes:
-        """The content of the regular file at `path` (confined as `open_file`)."""
-        fd = self.open_file(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        """The content of the regular file at `path` (confined as `open_file`).
+
+        A path eviction removed raises EvictedPath (a FileNotFoundError) that
+        says when and why, and which retained snapshot still holds it."""
+        try:
+            fd = self.open_file(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except FileNotFoundError:
+            raise self.missing_error(path) from None
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise IsADirectoryError(f"{path} is not a regular file")
@@ -503,6 +518,30 @@ class Mount:
             changed += [as_ref(r) for r in res.get("changed", [])]
         return {"step": first.get("step"), "changed": changed,
                 "removed": first.get("removed", [])}
+
+    def eviction(self, path: str | os.PathLike[str], limit: int = 20) -> dict[str, Any]:
+        """Why `path` is missing, as the daemon knows it: {"path", "evicted":
+        its eviction record with "snapshot" (a retained snapshot holding it,
+        or None) and "message", or None; "below": such records of evicted
+        files below it (newest first, at most `limit`), "below_total",
+        "message": what to tell a user or a model, or None when eviction did
+        not remove it}."""
+        rel = os.fsdecode(os.fspath(path)).strip("/") or "."
+        return self.client.call("eviction", path=rel, limit=int(limit))
+
+    def missing_error(self, path: str | os.PathLike[str]) -> FileNotFoundError:
+        """The error for a path that is not there: EvictedPath when eviction
+        removed it (or files below it), else a plain FileNotFoundError."""
+        shown = os.fsdecode(os.fspath(path))
+        try:
+            why = self.eviction(path, limit=1)
+        except (ControlError, ValueError):
+            why = {}
+        if why.get("evicted"):
+            return EvictedPath(shown, why["evicted"], f"{shown} was {why['message']}")
+        if why.get("message"):
+            return EvictedPath(shown, {}, f"{shown} is not there: {why['message']}")
+        return FileNotFoundError(errno.ENOENT, "No such file or directory", shown)
 
     def evicted(self, limit: int = 100) -> list[dict[str, Any]]:
         """The most recent eviction records, newest last."""

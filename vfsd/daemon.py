@@ -22,6 +22,8 @@ import structlog
 import trio
 
 from vfsd.fuse import ctldir
+from vfsd.fuse.evictedview import EvictedView
+from vfsd.fuse.evictindex import EvictedIndex
 from vfsd.fuse.evictlog_view import EvictionLogView
 from vfsd.fuse.fs import VfsdOperations
 from vfsd.fuse.openfiles import OpenFiles
@@ -168,6 +170,8 @@ class Daemon:
                                    keep_bytes=self.config.snapshot_keep_bytes)
         self.snapservice = SnapshotService(self, self.snapshots)
         self.ops.snapview = SnapshotView(self.snapshots, self.ops)
+        self.ops.evicted = EvictedIndex(self.store, self.snapshots)
+        self.ops.evictedview = EvictedView(self.ops.evicted, self.ops)
         self._prepare_remote()
         self.evictor.after_step = self.snapservice.apply_retention
         self.ops.ctl.renderers = {ctldir.FILES[b"status.json"]: self._render_status}

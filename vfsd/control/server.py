@@ -101,7 +101,7 @@ class ControlServer:
             "set_step": self.op_set_step, "evict": self.op_evict, "ref": self.op_ref,
             "resolve": self.op_resolve, "set_status": self.op_set_status,
             "pin": self.op_pin, "unpin": self.op_unpin, "changes": self.op_changes,
-            "evicted": self.op_evicted, "gc": self.op_gc,
+            "evicted": self.op_evicted, "eviction": self.op_eviction, "gc": self.op_gc,
             "snapshot": self.op_snapshot, "snapshots": self.op_snapshots,
             "snapshot_delete": self.op_snapshot_delete, "snapshot_pin": self.op_snapshot_pin,
             "restore": self.op_restore, "diff": self.op_diff, "fork": self.op_fork,
@@ -545,6 +545,31 @@ class ControlServer:
         if limit < 0:
             raise RequestError("bad_request", "'limit' must be >= 0")
         return {"records": self.store.eviction_log(limit)}
+
+    async def op_eviction(self, req: dict) -> dict:
+        """Why `path` is missing: its eviction record (with the snapshot that
+        holds it and the words to say), or the evicted files below it."""
+        parts = [p for p in _path_arg(req).split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise RequestError("forbidden", f"path {req['path']!r} leaves the mount")
+        path = "/".join(parts)
+        limit = min(_arg(req, "limit", int, 20), 1000)
+        index = self.ops.evicted
+        await self.ops.evicted_index_current()
+        rec = index.record(path) if path else None
+        below, total = index.below(path, limit) if rec is None else ([], 0)
+        below = [index.explain(r) for r in below]
+        message = None
+        if rec is not None:
+            rec = index.explain(rec)
+            message = rec["message"]
+        elif total:
+            newest = below[0]
+            message = (f"{total} file(s) below it were evicted (the newest at step "
+                       f"{newest['evicted_step']}, {newest['reason']}); `vfsd unevict RUN "
+                       f"{path or '.'}` (Mount.unevict) brings back what a retained snapshot holds")
+        return {"path": path, "evicted": rec, "below": below, "below_total": total,
+                "message": message}
 
     async def op_gc(self, req: dict) -> dict:
         if not _arg(req, "remote", bool, False):

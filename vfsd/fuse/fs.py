@@ -29,7 +29,7 @@ from vfsd.store.inode import NO_CALL, STATUS_BY_NAME, STATUS_NAMES, Inode
 from vfsd.store.invariants import MAX_FILE_SIZE  # 16 TiB: past it, EFBIG
 from vfsd.store.store import Store, now_ns
 
-from . import ctldir, snapview
+from . import ctldir, evictedview, snapview
 from .journal import StepJournal
 from .openfiles import OpenFiles, hash_hot_blocks
 from .provenance import Provenance
@@ -213,6 +213,9 @@ class VfsdOperations(pyfuse3.Operations):
         self.ctl = ctldir.ControlDir()
         # `.vfsd/snapshots/`: retained snapshots, read-only (set by the daemon).
         self.snapview: snapview.SnapshotView | None = None
+        # `.vfsd/evicted/`: why an evicted path is gone (set by the daemon).
+        self.evicted: evictedview.EvictedIndex | None = None
+        self.evictedview: evictedview.EvictedView | None = None
         # The remote tier (`remotetier.RemoteTier`), set by the daemon for a
         # remote store: chunks missing locally are fetched through it, and it
         # says whether this worker may write (EROFS once another holds the run).
@@ -384,7 +387,11 @@ class VfsdOperations(pyfuse3.Operations):
             return self._snapview().lookup(parent_inode, name)
         if ctldir.is_mirror(parent_inode):
             return self._mirror_lookup(ctldir.mirrored(parent_inode), name)
+        if evictedview.is_evicted(parent_inode):
+            return await self._evictedview().lookup(parent_inode, name)
         if parent_inode == ctldir.DIR_INO:
+            if name == evictedview.NAME and self.evictedview is not None:
+                return self.evictedview.dir_entry()
             if name in ctldir.FILES:
                 return self._ctl_entry(ctldir.FILES[name])
             if name == ctldir.ATTR_NAME:
@@ -435,6 +442,17 @@ class VfsdOperations(pyfuse3.Operations):
         finally:
             in_request.reset(grouped)
 
+    def _evictedview(self) -> evictedview.EvictedView:
+        if self.evictedview is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.evictedview
+
+    async def evicted_index_current(self) -> None:
+        """Bring the index of evicted paths up to date, yielding between batches."""
+        if self.evicted is not None:
+            while not self.evicted.catch_up_batch():
+                await trio.sleep(0)
+
     def _snapview(self) -> snapview.SnapshotView:
         if self.snapview is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
@@ -444,6 +462,8 @@ class VfsdOperations(pyfuse3.Operations):
     async def getattr(self, inode, ctx):
         if inode == snapview.DIR_INO or snapview.is_snap(inode):
             return self._snapview().getattr(inode)
+        if evictedview.is_evicted(inode):
+            return await self._evictedview().getattr(inode)
         if ctldir.is_ctl(inode):
             return self._ctl_entry(inode)
         return self._entry(self._attrs(self._ino(inode)))
@@ -660,6 +680,8 @@ class VfsdOperations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         if snapview.is_snap(inode):
             return self._snapview().open(inode, flags)
+        if evictedview.is_evicted(inode):
+            return await self._evictedview().open(inode, flags)
         if ctldir.is_ctl(inode):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
                 raise pyfuse3.FUSEError(errno.EROFS)
@@ -895,6 +917,8 @@ class VfsdOperations(pyfuse3.Operations):
     async def opendir(self, inode, ctx):
         if inode == snapview.DIR_INO or snapview.is_snap(inode):
             return self._snapview().opendir(inode)
+        if evictedview.is_evicted(inode):
+            return self._evictedview().opendir(inode)
         if ctldir.is_dir(inode):
             return inode
         if ctldir.is_mirror(inode):
@@ -911,11 +935,16 @@ class VfsdOperations(pyfuse3.Operations):
         if fh == snapview.DIR_INO or snapview.is_snap(fh):
             self._snapview().readdir(fh, start_id, token)
             return
+        if evictedview.is_evicted(fh):
+            await self._evictedview().readdir(fh, start_id, token)
+            return
         if fh == ctldir.DIR_INO:
             items = [(name, self._ctl_entry(ino)) for name, ino in ctldir.FILES.items()]
             items.append((ctldir.ATTR_NAME, self._ctl_entry(ctldir.mirror_of(self.root))))
             if self.snapview is not None:
                 items.append((snapview.NAME, self.snapview.dir_entry()))
+            if self.evictedview is not None:
+                items.append((evictedview.NAME, self.evictedview.dir_entry()))
             for i, (name, entry) in enumerate(items):
                 if i >= start_id and not pyfuse3.readdir_reply(token, name, entry, i + 1):
                     return
