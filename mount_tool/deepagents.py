@@ -84,6 +84,7 @@ from .langgraph import files_reducer
 from .mount import Mount
 from .offload import (
     DEFAULT_THRESHOLD_TOKENS,
+    OffloadMiddleware,
     cut_unsaved,
     offload_tool_output,
     safe_file_stem,
@@ -110,6 +111,13 @@ BODY_ARGS: dict[str, tuple[str, ...]] = {
     "write_file": ("content",),
     "edit_file": ("old_string", "new_string"),
 }
+# Tools whose results OffloadMiddleware leaves alone in create_vfsd_deep_agent:
+# the ones deepagents never offloads either (their output is bounded or is a
+# window of a file already in the mount), and `execute`, which offloads its own
+# output with the paths the sandbox sees.
+NOT_OFFLOADED_TOOLS = frozenset(
+    {"ls", "glob", "grep", "read_file", "edit_file", "write_file", "delete", "execute"}
+)
 # Tools that cannot change the mount: no sync needed after them.
 READ_ONLY_TOOLS = frozenset({"ls", "read_file", "glob", "grep", "write_todos"})
 _MARKER = re.compile(r"staged=(/\.tool_args/[A-Za-z0-9._-]+) xxh3=([0-9a-f]{32})\]$")
@@ -286,9 +294,10 @@ class VfsdBackend(SandboxBackendProtocol):
         with self._use() as v:
             return v.sandbox.info()
 
-    def prompt_note(self) -> str:
-        """The path convention and limits, as a system prompt section for the model."""
-        return self._template.prompt_note()
+    def prompt_note(self, routed: Iterable[str] = ()) -> str:
+        """The path convention and limits, as a system prompt section for the model
+        (`routed`: path prefixes a CompositeBackend sends to other backends)."""
+        return self._template.prompt_note(routed)
 
     # -- paths --------------------------------------------------------------
 
@@ -1063,6 +1072,27 @@ def _patch_json(arguments: Any, markers: Mapping[str, str]) -> Any:
 # -- wiring -------------------------------------------------------------------------
 
 
+def prompt_note_for(backend: Any) -> str:
+    """The path-convention note for `backend`: a VfsdBackend, or a deepagents
+    `CompositeBackend` whose default is one (its routed prefixes, "/memories/",
+    are named as paths the shell does not see)."""
+    from deepagents.backends.composite import CompositeBackend
+
+    if isinstance(backend, VfsdBackend):
+        return backend.prompt_note()
+    if isinstance(backend, CompositeBackend) and isinstance(backend.default, VfsdBackend):
+        return backend.default.prompt_note(routed=backend.routes)
+    raise TypeError(
+        "backend must be a VfsdBackend or a CompositeBackend whose default is a VfsdBackend, "
+        f"not {type(backend).__name__}"
+    )
+
+
+def _vfsd_backend_of(backend: Any) -> VfsdBackend:
+    prompt_note_for(backend)  # the same TypeError for anything else
+    return backend if isinstance(backend, VfsdBackend) else backend.default
+
+
 def create_vfsd_deep_agent(
     files: Mount | Runs,
     model: Any,
@@ -1070,7 +1100,9 @@ def create_vfsd_deep_agent(
     middleware: Iterable[Any] = (),
     compact_threshold_chars: int = DEFAULT_COMPACT_THRESHOLD_CHARS,
     backend_options: Mapping[str, Any] | None = None,
+    backend: Any = None,
     subagents: Iterable[Any] | None = None,
+    offload_tool_outputs: bool = True,
     **kwargs: Any,
 ) -> Any:
     """`create_deep_agent` with a `VfsdBackend` and a `VfsdMiddleware` on `files`
@@ -1083,8 +1115,22 @@ def create_vfsd_deep_agent(
     and are passed on unchanged. The system prompts get the backend's path
     convention (`VfsdBackend.prompt_note`). A `checkpointer` is wrapped in a
     `VfsdCheckpointer` on `files` (unless it is one already), so a replayed,
-    forked or resumed thread finds its files as they were. Other keyword
-    arguments go to `create_deep_agent` unchanged.
+    forked or resumed thread finds its files as they were.
+
+    `backend`, instead of `backend_options`: a ready VfsdBackend on `files`, or
+    a deepagents `CompositeBackend` whose default is one (`routes={"/memories/":
+    StoreBackend(...)}`); the note then names the routed prefixes as paths the
+    shell does not see.
+
+    With `offload_tool_outputs` (the default) an `OffloadMiddleware` right
+    after the `VfsdMiddleware` gives every tool's large result (custom tools,
+    `task`, MCP tools) vfsd's preview (JSON shape, log error lines, a file
+    named by its kind) at the backend's `offload_threshold_tokens`, before
+    deepagents' own offloading (the first characters, in a file without an
+    extension) would see it; the file tools and `execute` are left as they are
+    (`NOT_OFFLOADED_TOOLS`). Not added when `middleware` holds an
+    `OffloadMiddleware` already. Other keyword arguments go to
+    `create_deep_agent` unchanged.
     """
     from deepagents import create_deep_agent
     from deepagents.middleware.subagents import GENERAL_PURPOSE_SUBAGENT
@@ -1092,34 +1138,55 @@ def create_vfsd_deep_agent(
     saver = kwargs.get("checkpointer")
     if isinstance(saver, BaseCheckpointSaver) and not isinstance(saver, VfsdCheckpointer):
         kwargs["checkpointer"] = VfsdCheckpointer(saver, files)
-    backend = VfsdBackend(files, **dict(backend_options or {}))
-    note = backend.prompt_note()
+    if backend is None:
+        backend = VfsdBackend(files, **dict(backend_options or {}))
+    elif backend_options:
+        raise ValueError("pass either backend or backend_options, not both")
+    vfsd_backend = _vfsd_backend_of(backend)
+    if vfsd_backend.files is not files:
+        raise ValueError("the backend's VfsdBackend must serve the same Mount or Runs as files")
+    note = prompt_note_for(backend)
+    middleware = list(middleware)
+    offload = offload_tool_outputs and not any(
+        isinstance(m, OffloadMiddleware) for m in middleware
+    )
 
-    def vfsd_middleware() -> VfsdMiddleware:
-        return VfsdMiddleware(
-            files, compact_threshold_chars=compact_threshold_chars, prompt_note=note
-        )
+    def vfsd_middleware() -> list[AgentMiddleware]:
+        stack: list[AgentMiddleware] = [
+            VfsdMiddleware(files, compact_threshold_chars=compact_threshold_chars, prompt_note=note)
+        ]
+        if offload:
+            # Inside VfsdMiddleware, so the saved file is in the call's `files` update.
+            stack.append(OffloadMiddleware(
+                files, vfsd_backend.offload_threshold_tokens, exclude_tools=NOT_OFFLOADED_TOOLS,
+                root_shown="/" if vfsd_backend.sandbox.isolation == "bwrap" else None,
+            ))
+        return stack
 
     specs = [_with_vfsd_middleware(spec, vfsd_middleware) for spec in subagents or ()]
     if not any(spec.get("name") == GENERAL_PURPOSE_SUBAGENT["name"] for spec in specs):
-        specs.insert(0, {**GENERAL_PURPOSE_SUBAGENT, "middleware": [vfsd_middleware()]})
+        specs.insert(0, {**GENERAL_PURPOSE_SUBAGENT, "middleware": vfsd_middleware()})
     return create_deep_agent(
         model,
         backend=backend,
-        middleware=[vfsd_middleware(), *middleware],
+        middleware=[*vfsd_middleware(), *middleware],
         subagents=specs,
         **kwargs,
     )
 
 
-def _with_vfsd_middleware(spec: Any, make: Callable[[], VfsdMiddleware]) -> Any:
-    """A declarative subagent spec with a VfsdMiddleware first in its middleware."""
+def _with_vfsd_middleware(spec: Any, make: Callable[[], list[AgentMiddleware]]) -> Any:
+    """A declarative subagent spec with a VfsdMiddleware (and the offloading) first in
+    its middleware."""
     if not isinstance(spec, Mapping) or "runnable" in spec or "graph_id" in spec:
         return spec  # compiled or async: its middleware is not ours to set
     own = list(spec.get("middleware") or [])
     if any(isinstance(m, VfsdMiddleware) for m in own):
         return spec
-    return {**spec, "middleware": [make(), *own]}
+    added = make()
+    if any(isinstance(m, OffloadMiddleware) for m in own):
+        added = [m for m in added if not isinstance(m, OffloadMiddleware)]
+    return {**spec, "middleware": [*added, *own]}
 
 
 __all__ = [
@@ -1127,5 +1194,6 @@ __all__ = [
     "VfsdBackend",
     "VfsdMiddleware",
     "create_vfsd_deep_agent",
+    "prompt_note_for",
     "virtual_path",
 ]

@@ -43,7 +43,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -301,9 +301,24 @@ class Sandbox:
             )
         return report
 
-    def prompt_note(self) -> str:
-        """What the model must know about paths and limits, for its system prompt."""
+    def prompt_note(self, routed: Iterable[str] = ()) -> str:
+        """What the model must know about paths and limits, for its system prompt.
+
+        `routed`: path prefixes the file tools send elsewhere (a deepagents
+        `CompositeBackend`'s routes, "/memories/"): the note names them as the
+        exception, since the shell never sees what lives there.
+        """
         lim = self.limits
+        prefixes = sorted({"/" + p.strip("/") + "/" for p in routed if p.strip("/")})
+        elsewhere = ""
+        if prefixes:
+            names = _join_words([f"`{p}`" for p in prefixes])
+            elsewhere = (
+                f" Except under {names}: the file tools keep those paths in a separate "
+                "store, not in your files, so execute does not see them (a command that "
+                "reads or writes there finds other files, or none); use the file tools "
+                "for them."
+            )
         limits = (
             f"Each command may run {_seconds(lim.timeout)} (the execute timeout argument "
             f"changes that), use {_seconds(lim.cpu_seconds)} of CPU, "
@@ -317,15 +332,16 @@ class Sandbox:
                 "files with `/` as their root. The execute tool runs commands on the host in "
                 "that same directory, but there an absolute path is a host path: refer to your "
                 "files with paths relative to the working directory (after "
-                "write_file('/app/main.py'), run `python3 app/main.py`). " + limits
+                "write_file('/app/main.py'), run `python3 app/main.py`)."
+                + elsewhere + " " + limits
             )
         network = "The network is available." if self.network else "There is no network."
         return (
             "## Files and the shell\n\n"
             "The file tools (ls, read_file, write_file, edit_file, glob, grep) and the execute "
             "tool share one filesystem: a path means the same file in both (after "
-            "write_file('/app/main.py'), run `python3 /app/main.py`). Commands start in `/`, "
-            "which is the root of your files. Inside execute, /usr, /bin, /lib, /sbin and "
+            f"write_file('/app/main.py'), run `python3 /app/main.py`).{elsewhere} "
+            "Commands start in `/`, which is the root of your files. Inside execute, /usr, /bin, /lib, /sbin and "
             "/etc are the system's, read-only; /tmp and /run are private to each command and "
             "emptied when it ends; /proc and /dev are the sandbox's own. The file tools "
             "cannot use those paths: keep your files elsewhere (for example under /work). "
@@ -734,6 +750,11 @@ def _limit_notes(events: dict[str, int], limits: ExecLimits) -> list[str]:
             f"({limits.memory_bytes >> 20} MiB)"
         )
     return notes
+
+
+def _join_words(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _seconds(value: float) -> str:

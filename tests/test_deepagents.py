@@ -413,7 +413,7 @@ def test_declared_subagents_get_the_middleware_unless_they_have_it(mnt):
 
     def make():
         made.append(VfsdMiddleware(mnt))
-        return made[-1]
+        return [made[-1]]
 
     plain = {"name": "a", "description": "d", "system_prompt": "p"}
     assert _with_vfsd_middleware(plain, make)["middleware"] == [made[0]]
@@ -422,6 +422,79 @@ def test_declared_subagents_get_the_middleware_unless_they_have_it(mnt):
     compiled = {"name": "c", "description": "d", "runnable": object()}
     assert _with_vfsd_middleware(compiled, make) is compiled
     assert len(made) == 1
+
+
+def test_custom_tool_output_gets_the_vfsd_preview(mnt):
+    """A custom tool's 260 KB of JSON and a log: vfsd's preview (shape, error
+    lines) and a file named by its kind, not deepagents' first 1,000 characters
+    in a file without an extension."""
+    import json
+
+    from langchain_core.tools import tool
+
+    records = [{"id": i, "name": f"item {i}", "tags": ["a", "b"], "score": i / 7}
+               for i in range(3200)]
+    document = json.dumps({"total": len(records), "items": records})
+    assert len(document) > 250_000
+    log = "".join(f"2026-01-02T10:00:{i % 60:02d}Z INFO request {i} ok\n" for i in range(3000))
+    log += "2026-01-02T10:01:07Z ERROR upstream timed out\n"
+
+    @tool
+    def search_items(query: str) -> str:
+        """Search the catalogue."""
+        return document
+
+    @tool
+    def fetch_logs(service: str) -> str:
+        """Recent logs of a service."""
+        return log
+
+    script = [
+        turn(tool_call("search_items", "j1", query="all"), tool_call("fetch_logs", "l1", service="api")),
+        AIMessage(content="done"),
+    ]
+    _, _, state = run_agent(mnt, script, tools=[search_items, fetch_logs])
+    preview = tool_result(state, "j1").content
+    assert len(preview) < 5_000, preview[:300]
+    assert "JSON object with 2 keys" in preview and "Largest array: .items with 3,200" in preview
+    assert json.loads((mnt.root / "large_tool_results/j1.json").read_text()) == json.loads(document)
+    assert "/large_tool_results/j1.json" in state["files"]
+    log_preview = tool_result(state, "l1").content
+    assert "Error/warning lines: 1 in all" in log_preview and "upstream timed out" in log_preview
+    assert (mnt.root / "large_tool_results/l1.log").read_text() == log
+    # deepagents' own offloading never saw them.
+    assert sorted(os.listdir(mnt.root / "large_tool_results")) == ["j1.json", "l1.log"]
+
+
+def test_prompt_note_names_the_routes_of_a_composite_backend(mnt):
+    """/memories/ routed to a StoreBackend is not in the mount: the note says
+    the shell does not see it, and the shell indeed does not."""
+    from deepagents.backends import CompositeBackend, StoreBackend
+    from langgraph.store.memory import InMemoryStore
+
+    backend = CompositeBackend(
+        default=VfsdBackend(mnt),
+        routes={"/memories/": StoreBackend(namespace=lambda rt: ("mem",))},
+    )
+    recording = RecordingModel([
+        turn(tool_call("write_file", "w1", file_path="/memories/prefs.md", content="tabs\n")),
+        turn(tool_call("execute", "x1", command="cat /memories/prefs.md")),
+        turn(tool_call("read_file", "r1", file_path="/memories/prefs.md")),
+        AIMessage(content="done"),
+    ])
+    agent = create_vfsd_deep_agent(mnt, recording.model, backend=backend,
+                                   store=InMemoryStore(), checkpointer=InMemorySaver())
+    state = agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "t"}})
+    note = recording.calls[0][0].text
+    assert "Except under `/memories/`" in note and "execute does not see them" in note
+    assert "tabs" in tool_result(state, "r1").content
+    assert "No such file" in tool_result(state, "x1").content
+    assert not (mnt.root / "memories").exists()
+    # Without routes the note makes no exception.
+    assert "Except under" not in VfsdBackend(mnt).prompt_note()
+    with pytest.raises(ValueError, match="either backend or backend_options"):
+        create_vfsd_deep_agent(mnt, recording.model, backend=backend,
+                               backend_options={"network": True})
 
 
 # What `setfattr -n user.vfsd.status -v done FILE` does, without needing the attr package.
