@@ -14,7 +14,7 @@ import re
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -584,18 +584,58 @@ class Mount:
         doc.setdefault("copied_from", [])
         return doc
 
-    def restore(self, snapshot_id: str, *, force: bool = False) -> dict[str, Any]:
+    def restore(self, snapshot_id: str, *, force: bool = False,
+                paths: Iterable[str | os.PathLike[str]] | None = None) -> dict[str, Any]:
         """Make the live tree exactly snapshot `snapshot_id` (files made since
         disappear, changed files revert, evicted ones return) and set the step
         back to the snapshot's: {"id", "step", "changed", ...}.
+
+        With `paths` (mount-relative files or directories), only those come
+        back, with what lies below them, and nothing else changes (nor the
+        step): {"restored": [paths of files placed], "unchanged", "from",
+        "step", ...}. A live directory in the way is merged into; a live
+        file that differs from the snapshot's refuses the whole request
+        (ControlError "exists", nothing changed) unless `force`. Restored
+        files count as written now: their age starts again.
 
         Raises ControlError("not_found") with the daemon's reason when the
         snapshot was deleted (retention or by request), and
         ControlError("files_open"), naming the processes, when the restore
         would change a file a process holds open for writing (unless `force`).
         """
+        if paths is not None:
+            return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
+                                    paths=self._rel_paths(paths), force=bool(force))
         return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
                                 force=bool(force))
+
+    def unevict(self, paths: Iterable[str | os.PathLike[str]] | str, *,
+                force: bool = False) -> dict[str, Any]:
+        """Bring back evicted files: each path is an evicted file, or a
+        directory below which files were evicted (all of them come back).
+        Each comes from a retained snapshot holding the version eviction
+        removed, at the path it was evicted from, with its inode number (a
+        FileRef taken before resolves again); nothing else changes. Returns
+        {"restored": [paths], "lost": [evicted files no snapshot holds], "from":
+        [snapshot ids], "step", ...}. ControlError: "not_found" when eviction
+        never removed the path or no retained snapshot holds it, "exists" when
+        a file lives there (unless `force`), "forbidden" for a path leaving
+        the mount."""
+        if isinstance(paths, str | os.PathLike):
+            paths = [paths]
+        return self.client.call("unevict", paths=self._rel_paths(paths), force=bool(force))
+
+    def _rel_paths(self, paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+        """Mount-relative paths as the daemon takes them (absolute paths inside
+        the mount root are accepted; the daemon refuses `..`)."""
+        out = []
+        root = str(self.root)
+        for p in paths:
+            text = os.fsdecode(os.fspath(p))
+            if text == root or text.startswith(root + "/"):
+                text = text[len(root):]
+            out.append(text.lstrip("/"))
+        return out
 
     def delete_snapshot(self, snapshot_id: str) -> dict[str, Any]:
         """Delete a snapshot; content that only it kept is freed."""

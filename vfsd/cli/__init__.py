@@ -50,6 +50,7 @@ from . import (  # noqa: F401  (registers the verbs)
     status,
     sync,
     timeline,
+    unevict,
     warmup,
 )
 from .common import cli

@@ -125,16 +125,28 @@ def snapshot_pin(run_dir: Path, snapshot_id: str, unpin: bool, as_json: bool) ->
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("snapshot_id")
+@click.argument("paths", nargs=-1)
 @click.option("--force", is_flag=True,
-              help="Restore even over files that processes hold open for writing.")
+              help="Restore even over files that processes hold open for writing; "
+                   "with PATHs: replace live files that differ.")
 @json_option
-def restore(run_dir: Path, snapshot_id: str, force: bool, as_json: bool) -> None:
-    """Make the files of RUN_DIR exactly what SNAPSHOT_ID holds.
+def restore(run_dir: Path, snapshot_id: str, paths: tuple[str, ...], force: bool,
+            as_json: bool) -> None:
+    """Make the files of RUN_DIR what SNAPSHOT_ID holds: all of them, or only PATHs.
 
-    Files made since disappear, changed files revert, evicted ones return;
-    the step goes back to the snapshot's. Refused (naming the processes)
-    when it would change a file held open for writing, unless --force.
+    Without PATH: files made since disappear, changed files revert, evicted
+    ones return; the step goes back to the snapshot's. Refused (naming the
+    processes) when it would change a file held open for writing, unless
+    --force. With PATHs (files or directories): only those come back, with
+    what lies below them, and nothing else changes (nor the step); a live
+    file that differs refuses the whole request unless --force.
     """
+    if paths:
+        from .unevict import bring_back, report_text
+
+        res = bring_back(run_dir, "restore", paths, snapshot=snapshot_id, force=force)
+        emit(res, as_json, report_text)
+        return
     res = call(run_dir, "restore", snapshot=snapshot_id, force=force)
     if as_json:
         emit(res, True)

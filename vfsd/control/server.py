@@ -25,7 +25,12 @@ import structlog
 import trio
 
 from vfsd import __version__, errors
-from vfsd.snapshots.snapshots import FilesOpenForWriting, SnapshotError, SnapshotNotFound
+from vfsd.snapshots.snapshots import (
+    FilesOpenForWriting,
+    SnapshotError,
+    SnapshotNotFound,
+    parse_id,
+)
 from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 
 from .connslots import IDLE, READING, WORKING, Slot, SlotTable
@@ -104,7 +109,8 @@ class ControlServer:
             "evicted": self.op_evicted, "eviction": self.op_eviction, "gc": self.op_gc,
             "snapshot": self.op_snapshot, "snapshots": self.op_snapshots,
             "snapshot_delete": self.op_snapshot_delete, "snapshot_pin": self.op_snapshot_pin,
-            "restore": self.op_restore, "diff": self.op_diff, "fork": self.op_fork,
+            "restore": self.op_restore, "unevict": self.op_unevict,
+            "diff": self.op_diff, "fork": self.op_fork,
             "copy": self.op_copy,
             "locate": self.op_locate, "sync": self.op_sync,
             "publish_status": self.op_publish_status,
@@ -114,7 +120,7 @@ class ControlServer:
             "call_end": self.op_call_end,
         }
         # Requests that change files: refused once another worker holds the run.
-        self.mutating = {"set_step", "evict", "set_status", "pin", "unpin", "restore"}
+        self.mutating = {"set_step", "evict", "set_status", "pin", "unpin", "restore", "unevict"}
 
     @property
     def connections(self) -> int:
@@ -279,7 +285,7 @@ class ControlServer:
         except FilesOpenForWriting as exc:
             return req_id, None, ("files_open", str(exc))
         except SnapshotError as exc:
-            return req_id, None, ("bad_request", str(exc))
+            return req_id, None, (getattr(exc, "code", "bad_request"), str(exc))
         except errors.NotFound as exc:
             return req_id, None, ("not_found", f"no such file: {exc}")
         except errors.Corrupt as exc:  # the store's fault, not the request's
@@ -626,8 +632,76 @@ class ControlServer:
                                                 _arg(req, "pin", bool, True))
 
     async def op_restore(self, req: dict) -> dict:
-        return await self.daemon.snapservice.restore(self._snapshot_id(req),
-                                                     force=_arg(req, "force", bool, False))
+        force = _arg(req, "force", bool, False)
+        if "paths" not in req:
+            return await self.daemon.snapservice.restore(self._snapshot_id(req), force=force)
+        ident = self._snapshot_id(req)
+        paths = self._paths_arg(req)
+        seq = parse_id(ident)
+        self.daemon.snapshots.get(ident)  # a clear error before any work
+        return await self.daemon.snapservice.restore_paths(
+            lambda: [(seq, p, p) for p in paths], force=force)
+
+    def _paths_arg(self, req: dict) -> list[str]:
+        """`paths`: 1 to 1,000 mount-relative paths, none leaving the tree or the root."""
+        paths = _arg(req, "paths", list)
+        if not 1 <= len(paths) <= 1000 or not all(isinstance(p, str) for p in paths):
+            raise RequestError("bad_request", "'paths' is a list of 1 to 1,000 paths")
+        out = []
+        for path in paths:
+            try:
+                path.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                raise RequestError("bad_request", f"path {path!r} is not valid Unicode") from None
+            parts = [p for p in path.split("/") if p not in ("", ".")]
+            if ".." in parts or "\0" in path:
+                raise RequestError("forbidden", f"path {path!r} leaves the mount")
+            if not parts:
+                raise RequestError("bad_request", "the root is not a path to bring back: "
+                                   "restore the whole snapshot instead")
+            rel = "/".join(parts)
+            if rel not in out:
+                out.append(rel)
+        return out
+
+    async def op_unevict(self, req: dict) -> dict:
+        """Bring evicted files (or every evicted file below a directory) back
+        from the retained snapshots that hold their evicted versions."""
+        paths = self._paths_arg(req)
+        force = _arg(req, "force", bool, False)
+        index = self.ops.evicted
+        await self.ops.evicted_index_current()
+        lost: list[str] = []
+
+        def items() -> list[tuple[int, str, str]]:
+            out: dict[str, tuple[int, str, str]] = {}
+            for path in paths:
+                rec = index.record(path, even_if_live=force)
+                recs = [rec] if rec else index.below(path, 100_000, even_if_live=force)[0]
+                if not recs:
+                    try:
+                        self.store.resolve_path(path)
+                    except errors.StoreError:
+                        raise RequestError("not_found", f"eviction never removed {path!r} "
+                                           "(nor anything below it)") from None
+                    raise RequestError("exists", f"{path!r} was not evicted: it is in the "
+                                       "live tree")
+                found = [(r, index.where(r)) for r in recs]
+                kept = [(r, f) for r, f in found if f]
+                if not kept:
+                    r = recs[0]
+                    raise RequestError("not_found", (
+                        f"{path!r} was evicted at step {r.get('evicted_step')} "
+                        f"({r.get('reason')}), but no retained snapshot holds "
+                        + ("that version" if rec else f"any of the {len(recs)} files below it")
+                        + ": its content is gone"))
+                lost.extend(r["path"] for r, f in found if not f)
+                for r, f in kept:
+                    out.setdefault(r["path"], (parse_id(f["id"]), f["path"], r["path"]))
+            return list(out.values())
+
+        res = await self.daemon.snapservice.restore_paths(items, force=force)
+        return {**res, "lost": sorted(set(lost))}
 
     def op_diff(self, req: dict) -> dict:
         b = req.get("b")

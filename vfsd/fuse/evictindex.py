@@ -100,10 +100,11 @@ class EvictedIndex:
             return False
         return True
 
-    def record(self, path: str) -> dict | None:
-        """The eviction record of `path` if it was evicted and nothing lives there now."""
+    def record(self, path: str, *, even_if_live: bool = False) -> dict | None:
+        """The eviction record of `path` if it was evicted and nothing lives
+        there now (`even_if_live`: whatever lives there)."""
         seq = self.seq_of.get(path)
-        if seq is None or self._live(path):
+        if seq is None or (not even_if_live and self._live(path)):
             return None
         return self._record(seq)
 
@@ -111,7 +112,8 @@ class EvictedIndex:
         """True if evicted paths lie below `path` ('' is the root)."""
         return path == "" and bool(self.seq_of) or path in self.dirs
 
-    def below(self, path: str, limit: int) -> tuple[list[dict], int]:
+    def below(self, path: str, limit: int, *,
+              even_if_live: bool = False) -> tuple[list[dict], int]:
         """(up to `limit` records of evicted files below `path`, how many there are),
         newest first; files that live again are left out."""
         prefix = f"{path}/" if path else ""
@@ -120,7 +122,7 @@ class EvictedIndex:
         total = 0
         for seq in seqs:
             rec = self._record(seq)
-            if rec is None or self._live(rec["path"]):
+            if rec is None or (not even_if_live and self._live(rec["path"])):
                 continue
             total += 1
             if len(out) < limit:
@@ -139,12 +141,16 @@ class EvictedIndex:
 
     # ------------------------------------------------------------- words
 
-    def holder(self, rec: dict) -> str | None:
-        """The id of a retained snapshot that holds the evicted version, or None."""
+    def where(self, rec: dict) -> dict | None:
+        """{"id", "path"} of a retained snapshot holding the evicted version, or None."""
         try:
-            found = self.snaps.locate(int(rec["ino"]), int(rec["gen"]), bytes.fromhex(rec["hash"]))
+            return self.snaps.locate(int(rec["ino"]), int(rec["gen"]), bytes.fromhex(rec["hash"]))
         except (KeyError, TypeError, ValueError):
             return None
+
+    def holder(self, rec: dict) -> str | None:
+        """The id of a retained snapshot that holds the evicted version, or None."""
+        found = self.where(rec)
         return found["id"] if found else None
 
     def explain(self, rec: dict) -> dict:

@@ -25,12 +25,14 @@ import trio
 from vfsd import STATE_DIRNAME, errors
 from vfsd.latency import Latencies
 from vfsd.rundir import RunDir
+from vfsd.snapshots.pathrestore import restore_paths
 from vfsd.snapshots.snapshots import (
     FilesOpenForWriting,
     SnapshotError,
     Snapshots,
     drop_volume,
     parse_id,
+    snapshot_id,
 )
 
 from .writers import writers
@@ -229,6 +231,34 @@ class SnapshotService:
         return {"id": res["id"], "step": res["step"], "changed": res["changed"],
                 "inodes": len(res["inodes"]), "names": len(res["dentries"]),
                 "open_files": open_files, "duration_ms": res["duration_ms"]}
+
+    async def restore_paths(self, items_of, *, force: bool = False) -> dict:
+        """Restore single files or subtrees (`pathrestore`), nothing else.
+
+        `items_of()` gives [(snapshot seq, path there, live target path)]; it
+        is called with the lock held, after programs' writes are in the store.
+        """
+        t0 = time.perf_counter()
+        async with self.lock:
+            await self._quiesce()
+            self._settle_rest()
+            items = items_of()
+            res = restore_paths(self.snaps, items, force=force)
+            files = self.ops.files
+            for ino in res["inodes"]:
+                files.reload(ino)
+            self.ops._maybe_free(*res["unlinked"])
+            index = self.ops.evicted
+            if index is not None:
+                index.forget(target for _, _, target in items)
+                index.forget(res["restored"])
+            await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
+        took = round((time.perf_counter() - t0) * 1000, 3)
+        log.info("restored_paths", paths=[t for _, _, t in items][:20], files=len(res["restored"]),
+                 duration_ms=took)
+        return {"restored": res["restored"], "unchanged": res["unchanged"],
+                "from": sorted({snapshot_id(seq) for seq, _, _ in items}),
+                "step": self.store.get_step(), "duration_ms": took}
 
     def _open_among(self, inodes: set[int]) -> bool:
         """Whether any of `inodes` is open (a descriptor or a mapping keeps a

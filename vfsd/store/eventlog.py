@@ -3,7 +3,8 @@
 Layout (named databases of the store's LMDB environment):
 
 `evicted`   vol u32 + seq u64 -> JSON eviction record {path, ino, gen, hash,
-            size, step, evicted_step, reason, status}. At most EVICT_LOG_MAX
+            size, step, evicted_step, reason, status}, plus {restored_step,
+            restored_from} once a path restore brought that file back. At most EVICT_LOG_MAX
             records per volume; the oldest go first. `seq` comes from the
             volume's `evict_seq` counter and is never reused.
 `evictino`  vol u32 + ino u64 -> seq u64: the record of an evicted inode, to
@@ -121,6 +122,24 @@ class EventLog:
                     break
                 out.append((seq, bytes(val)))
         return out
+
+    def mark_restored(self, txn, ino: int, gen: int, step: int, snapshot: str) -> bool:
+        """The eviction record of `ino` (generation `gen`) gains `restored_step`
+        and `restored_from`: the file is back (it stays in the log)."""
+        raw = txn.get(_VOL_SEQ.pack(self.vol, ino), db=self.db["evictino"])
+        if raw is None:
+            return False
+        key = _VOL_SEQ.pack(self.vol, _U64.unpack(raw)[0])
+        val = txn.get(key, db=self.db["evicted"])
+        if val is None:
+            return False
+        rec = json.loads(bytes(val))
+        if rec.get("gen") != gen or rec.get("restored_step") is not None:
+            return False
+        rec["restored_step"] = step
+        rec["restored_from"] = snapshot
+        txn.put(key, json.dumps(rec).encode(), db=self.db["evicted"])
+        return True
 
     def record_of(self, txn, ino: int) -> dict | None:
         raw = txn.get(_VOL_SEQ.pack(self.vol, ino), db=self.db["evictino"])
