@@ -96,6 +96,11 @@ def test_shell_keeps_enoent_and_vfsd_evicted_explains(evicted):
     evicted.write("out/report.txt", "a new report\n")
     assert not (view / "out" / "report.txt").exists()
     assert os.listdir(view / "out") == []
+    # Back by a whole-tree restore, then deleted: deleted, not evicted.
+    evicted.restore("s1")
+    evicted.remove("data/a.csv")
+    assert not (view / "data").exists()
+    assert evicted.eviction("data/a.csv")["evicted"] is None
 
 
 def test_the_model_is_told_once_per_thread(tmp_path):

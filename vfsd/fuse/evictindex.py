@@ -2,8 +2,8 @@
 
 The eviction log (`store.eventlog`) is keyed by sequence number; answering
 "why is `out/report.txt` missing?" needs it by path. This index keeps, in
-memory, the newest record's sequence number per evicted path (10,000 paths
-at most, as the log), built from the log a batch at a time and brought up to
+memory, the newest record's sequence number per evicted path (about as many
+paths as the log keeps records), built from the log a batch at a time and brought up to
 date before each question. It holds no record bodies: a question reads the
 one record it needs.
 
@@ -24,6 +24,9 @@ from vfsd import errors
 
 #: records indexed per read transaction (the caller yields between batches)
 BATCH = 512
+#: paths held before those whose records the log trimmed are dropped (the log
+#: keeps 10,000 records, so the index stays within about twice that)
+INDEX_MAX = 12_000
 
 
 def parent_dirs(path: str):
@@ -45,8 +48,24 @@ class EvictedIndex:
 
     # ----------------------------------------------------------- indexing
 
+    def reset(self) -> None:
+        """Forget everything: the next question builds the index again (after a
+        whole-tree restore, which marks records restored in place)."""
+        self.seq_of.clear()
+        self.dirs.clear()
+        self.next_seq = 0
+
+    def _drop_trimmed(self) -> None:
+        """Paths whose records the log trimmed away (it keeps EVICT_LOG_MAX)."""
+        first = self.store.eviction_page(-1, 1)
+        oldest = first[0][0] if first else self.next_seq
+        for path in [p for p, s in self.seq_of.items() if s < oldest]:
+            self._drop(path)
+
     def catch_up_batch(self) -> bool:
         """Index up to BATCH new records; True when current."""
+        if len(self.seq_of) > INDEX_MAX:
+            self._drop_trimmed()
         page = self.store.eviction_page(self.next_seq - 1, BATCH)
         for seq, raw in page:
             self.next_seq = seq + 1

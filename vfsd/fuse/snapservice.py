@@ -220,6 +220,8 @@ class SnapshotService:
             for ino in res["inodes"]:
                 files.reload(ino)
             self.ops._maybe_free(*res["unlinked"])
+            if self.ops.evicted is not None:
+                self.ops.evicted.reset()  # records changed in place: built again when asked
             await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
         self.latency["restore"].observe(time.perf_counter() - t0)
         self.ops.journal.restored(res["id"], from_step, res["step"])

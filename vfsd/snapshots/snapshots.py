@@ -861,6 +861,9 @@ class Snapshots:
                     continue
                 freed += self._set_live_inode(txn, ino, target, unlinked)
                 touched_inodes.append(ino)
+                if target:  # an evicted file among them is back: its record says so
+                    st.logs.mark_restored(txn, ino, unpack_inode_entry(ino, target).inode.gen,
+                                          rec["step"], snapshot_id(seq))
             for okey in dentries:
                 parent, name = _U64.unpack(okey[1:9])[0], okey[10:]
                 target = targets[okey]
