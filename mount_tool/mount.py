@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import stat
@@ -97,6 +98,8 @@ def mount_flags(options: Mapping[str, Any]) -> list[str]:
             flags.append(flag)
         elif value is False or value is None:
             continue
+        elif isinstance(value, list | tuple | dict):  # eviction_rules: JSON
+            flags += [flag, json.dumps(list(value) if isinstance(value, tuple) else value)]
         else:
             flags += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
     return flags

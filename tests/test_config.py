@@ -7,6 +7,7 @@ read back from the running daemon (`vfsd status --json` reports its config).
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import tomllib
@@ -32,6 +33,10 @@ def toml_value(value) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
@@ -48,6 +53,8 @@ def cli_flags(options: dict) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            flags += [flag, json.dumps(value)]
         else:
             flags += [flag, str(value)]
     return flags
@@ -62,6 +69,10 @@ def non_defaults(alt: bool = False) -> dict:
         "max_age_steps": 60 if alt else 40,
         "quota_bytes": (2 << 30) if alt else (1 << 30),
         "max_files": 7000 if alt else 5000,
+        "age_from": "written",
+        "eviction_rules": [{"path": "a/**", "pin": True}] if alt else
+        [{"path": "tool_outputs/**", "max_age_steps": 5}, {"path": "s/*.tmp",
+                                                          "done_retention_steps": 0}],
         "durability": "sync",
         "log_level": "warning" if alt else "debug",
         "allow_other": not alt,
@@ -98,7 +109,7 @@ def non_defaults(alt: bool = False) -> dict:
     assert set(values) == set(option_names()), "a new option needs a test value here"
     defaults = Config().as_dict()
     assert not alt or all(values[k] != defaults[k] for k in values
-                          if k not in ("allow_other", "xattr_reads"))
+                          if k not in ("allow_other", "xattr_reads", "age_from"))
     return values
 
 

@@ -6,7 +6,8 @@ Every test writes real files through the mount, advances the agent step (with
 log, the chunk directory and the daemon log say.
 
 Policy arithmetic (docs/control.md, DESIGN.md): age = current step - step of
-the last content change; a `done` file goes once age > done_retention_steps,
+the last use (content change or open; the last content change alone with
+age_from = "written"); a `done` file goes once age > done_retention_steps,
 any unpinned file once age > max_age_steps.
 """
 
@@ -80,6 +81,14 @@ def assert_present(path: Path, content: bytes) -> None:
     assert cat.stdout == content, f"{path}: content differs"
 
 
+def assert_listed(path: Path, size: int) -> None:
+    """`path` is listed by `ls` and stat-able, with `size`; never opened (an
+    open is a use: it would make the file young again)."""
+    ls = subprocess.run(["ls", "-a", str(path.parent)], capture_output=True, text=True, timeout=30)
+    assert path.name in ls.stdout.split(), f"{path} missing from ls: {ls.stdout!r}"
+    assert os.stat(path).st_size == size
+
+
 def chunk_files(run) -> set[str]:
     """Names of the chunk files on disk (RUN_DIR/.vfsd/chunks/??/<hash>)."""
     return {p.name for p in run.state_dir.glob("chunks/??/*") if HEX32.match(p.name)}
@@ -101,7 +110,10 @@ def mark_done(path: Path) -> None:
 # ------------------------------------------------------------- the policy
 
 
-def test_default_policy_evicts_exactly_the_expired_files(run) -> None:
+def test_default_policy_evicts_exactly_the_expired_files(run_factory) -> None:
+    # Ages from the last write: the checks below read every file at every step
+    # (the default, ages from the last use, is tested further down).
+    run = run_factory("written", "--age-from", "written")
     root = run.root
     files: dict[str, bytes] = {}
 
@@ -215,7 +227,7 @@ def test_custom_policy_flags(run_factory) -> None:
     assert evicted_paths(step_to(r, 1)) == {"done": "done"}
     assert_gone(root / "done")
     assert evicted_paths(step_to(r, 2)) == {}
-    assert_present(root / "active", b"active")
+    assert_listed(root / "active", len(b"active"))
     assert evicted_paths(step_to(r, 3)) == {"active": "max_age"}
     assert_gone(root / "active")
 
@@ -290,7 +302,7 @@ def test_dry_run_removes_nothing(run) -> None:
     # Marked done after the step advanced: due now, but eviction only runs on
     # a step change or on request.
     mark_done(root / "f")
-    assert_present(root / "f", b"will be done")
+    assert_listed(root / "f", len(b"will be done"))
     before = chunk_files(run)
 
     report = call(run.run_dir, "evict", dry_run=True)
@@ -299,7 +311,7 @@ def test_dry_run_removes_nothing(run) -> None:
     assert report["evicted"][0]["hash"] == content_hash(b"will be done")
     out = run.cli("evict", run.run_dir, "--dry-run").stdout
     assert "would evict 1 file" in out and " f " in out + " "
-    assert_present(root / "f", b"will be done")
+    assert_listed(root / "f", len(b"will be done"))
     assert call(run.run_dir, "evicted")["records"] == []
     assert chunk_files(run) == before
     assert call(run.run_dir, "ref", path="f")["status"] == "done"
@@ -372,7 +384,7 @@ def test_file_read_across_the_step_is_deferred_then_evicted_at_close(run) -> Non
         assert "evicted 0 file(s)" in out and "deferred 1 open file(s)" in out, out
         assert re.search(r"done\s+held\s+\(open, 1 handle", out), out
         # Still there for everyone, and the descriptor reads on.
-        assert_present(root / "held", data)
+        assert_listed(root / "held", len(data))
         assert head + f.read() == data
         assert call(run.run_dir, "evicted")["records"] == []
         assert run.status()["eviction_deferred"] == ["held"]

@@ -245,7 +245,7 @@ def test_run_removes_names_logs_and_frees_chunks(make) -> None:
     assert rec == {
         "path": rec["path"], "ino": victim, "gen": gen,
         "hash": bytes_hash(data, CS).hex(), "size": len(data), "step": 2,
-        "evicted_step": 6, "reason": "done", "status": "done",
+        "evicted_step": 6, "reason": "done", "status": "done", "used_step": 2,
     }
     assert rec["path"] in ("tools/output.txt", "alias")
     # Every name is gone, the emptied directory stays, and so does the other file.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -13,6 +13,8 @@ from . import DEFAULT_CHUNK_SIZE, DEFAULT_INLINE_MAX
 DURABILITY_MODES = ("fsync", "sync")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ADDRESSING_STYLES = ("auto", "path", "virtual")
+#: what a file's age counts from: its last write or open ("use"), or its last write
+AGE_FROM = ("use", "written")
 _REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,49}")
 _PROFILE = re.compile(r"[A-Za-z0-9_.+=@-]{1,64}")
 
@@ -63,6 +65,11 @@ class Config:
     max_age_steps: int = 20
     quota_bytes: int | None = None
     max_files: int | None = None
+    #: "use": age counts from the last step a file was written or opened;
+    #: "written": from its last write only
+    age_from: str = "use"
+    #: ordered rules by path, the first match wins (`vfsd.evictrules`)
+    eviction_rules: list = field(default_factory=list)
     durability: str = "fsync"
     log_level: str = "info"
     allow_other: bool = False
@@ -125,6 +132,15 @@ class Config:
             raise ConfigError(f"chunk_size must be between 4 KiB and 64 MiB, got {self.chunk_size}")
         if self.inline_max > self.chunk_size:
             raise ConfigError("inline_max must not exceed chunk_size")
+        if self.age_from not in AGE_FROM:
+            raise ConfigError(f"age_from must be one of {AGE_FROM}, got {self.age_from!r}")
+        from .evictrules import RuleError, parse_rules
+
+        try:
+            parse_rules(self.eviction_rules)
+        except RuleError as exc:
+            raise ConfigError(str(exc)) from None
+        self.eviction_rules = list(self.eviction_rules or [])
         if self.durability not in DURABILITY_MODES:
             raise ConfigError(f"durability must be one of {DURABILITY_MODES}, got {self.durability!r}")
         if self.log_level not in LOG_LEVELS:
@@ -275,6 +291,14 @@ def load_config(path: Path | None, overrides: dict) -> Config:
                               + "; ".join(_unknown_key(k, known) for k in unknown))
         values.update(section)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(values.get("eviction_rules"), str):  # from the command line: JSON
+        import json
+
+        try:
+            values["eviction_rules"] = json.loads(values["eviction_rules"])
+        except ValueError as exc:
+            raise ConfigError(f"eviction_rules is not valid JSON ({exc}): give a list such as "
+                              '[{"path": "tool_outputs/**", "max_age_steps": 5}]') from None
     for name in SIZE_OPTIONS:
         if values.get(name) is not None:
             values[name] = parse_size(values[name], name)

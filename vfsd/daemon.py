@@ -180,6 +180,7 @@ class Daemon:
         self.ops.limits = self.evictor.limits
         self.ops.evicted_names = self.evictor.take_invalidations
         self.ops.reserve_file = self.evictor.reserve_file
+        self.ops.used_step = self.evictor.used_step
         self._catch_up_with_step()
         # What a crash (or the start itself) left waiting for a sync goes now.
         gone = self.store.finish_deletes()
@@ -411,6 +412,10 @@ class Daemon:
             self.ops.forget_all()
             if self.remote is None or self.remote.writable():
                 self.ops.journal.flush()
+                try:
+                    self.evictor.flush_uses()  # the opens of the last step
+                except StoreError as exc:
+                    log.warning("uses_not_recorded", error=str(exc))
         if self.store is not None:
             self.store.on_chunk_files = None
             self.store.sync()

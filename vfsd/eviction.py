@@ -1,11 +1,22 @@
 """Eviction: which files leave, and when, measured in agent steps.
 
 A regular file is evicted when it is `done` and older than
-`done_retention_steps`, or older than `max_age_steps`, unless pinned; past
-`quota_bytes` or `max_files`, the oldest unpinned files go first. Age is the
-current step minus the step of the file's last change. Every decision comes
-from range scans of the store's step indexes, so the cost follows what is
-evicted, not how many files exist.
+`done_retention_steps`, or older than `max_age_steps`, unless pinned (itself,
+a directory above it, or a rule); past `quota_bytes` or `max_files`, the
+oldest unpinned files go first. Age is the current step minus the step of the
+file's last use: its last write or open (`age_from = "use"`, the default), or
+its last write (`"written"`). Opens are recorded in memory and written by the
+next pass (`flush_uses`), never one transaction per read.
+
+Ordered rules by path (`vfsd.evictrules`) set the limits or a pin of the files
+they match, the first match wins, the global policy last. A unit
+(`vfsd.evictscope`: a git work tree, a virtualenv, a directory marked so) is
+evicted whole or not at all, by quota too: it goes when every file of it is
+due, so its age is its youngest file's, and one open file defers it all.
+
+Every pass starts from range scans of the store's step indexes bounded by
+the lowest limit any rule sets, so the cost follows what is due (and what the
+rules keep), not how many files exist.
 
 A file open anywhere (a program's descriptor or mapping, or the daemon's own
 handle while it settles hot blocks) is never evicted: it is deferred, listed
@@ -27,6 +38,8 @@ from vfsd.store.inode import STATUS_DONE, STATUS_NAMES
 
 from . import errors
 from .config import Config
+from .evictrules import Rule, RuleSet, parse_rules
+from .evictscope import Scope
 from .latency import Latency
 
 log = structlog.get_logger("vfsd.eviction")
@@ -36,21 +49,85 @@ log = structlog.get_logger("vfsd.eviction")
 RECHECKED = frozenset({"done", "max_age"})
 
 
-def explain(inode, step: int, config: Config) -> dict:
+def explain(inode, step: int, config: Config, *, path: str | None = None,
+            scope: Scope | None = None) -> dict:
     """The rule that will evict a regular file, and at which step, by the policy
-    alone (`vfsd info`): a quota may take it earlier, an open file later."""
-    if inode.pinned:
-        return {"rule": "pinned", "due_step": None, "text": "pinned: never evicted"}
-    age = step - inode.step
-    due = [("max_age", inode.step + config.max_age_steps + 1,
-            f"max age: leaves when older than {config.max_age_steps} steps")]
+    alone (`vfsd info`): a quota may take it earlier, an open file later, and
+    the unit it belongs to (said under `unit`) only with the rest of it."""
+    policy = Policy(config)
+    facts = scope.file_facts(inode.ino) if scope is not None else None
+    if path is None and facts is not None:
+        path = facts[0]
+    rule = policy.rules.match(path) if path is not None and policy.rules else None
+    where = {"rule_index": rule.index, "rule_path": rule.path} if rule else {}
+    if facts is not None and facts[1].unit is not None:
+        unit = scope.dir_facts(facts[1].unit)
+        where["unit"] = unit.path if unit is not None else None
+    if inode.pinned or (facts is not None and facts[1].pinned) or (rule and rule.pin):
+        by = "the file" if inode.pinned else "a directory above it" \
+            if facts is not None and facts[1].pinned else rule.describe()
+        return {"rule": "pinned", "due_step": None, "text": f"pinned ({by}): never evicted",
+                **where}
+    max_age, retention = policy.limits(rule)
+    since = policy.since(inode)
+    age = step - since
+    due = [("max_age", since + max_age + 1,
+            f"max age: leaves when older than {max_age} steps")]
     if inode.status == STATUS_DONE:
-        due.append(("done", inode.step + config.done_retention_steps + 1,
-                    f"done: leaves when older than {config.done_retention_steps} steps"))
-    rule, at, text = min(due, key=lambda d: d[1])
-    return {"rule": rule, "due_step": at, "age_steps": age,
+        due.append(("done", since + retention + 1,
+                    f"done: leaves when older than {retention} steps"))
+    name, at, text = min(due, key=lambda d: d[1])
+    return {"rule": name, "due_step": at, "age_steps": age, "age_from": config.age_from,
             "text": f"{text} (at step {at}, {max(at - step, 0)} from now)"
-            + ("; a quota may take it sooner" if config.quota_bytes or config.max_files else "")}
+            + ("; a quota may take it sooner" if config.quota_bytes or config.max_files else "")
+            + ("; only with the rest of its unit" if "unit" in where else ""),
+            **where}
+
+
+class Policy:
+    """The global limits, the rules by path, and what age counts from."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.rules = RuleSet(parse_rules(config.eviction_rules))
+        self.from_use = config.age_from == "use"
+
+    def since(self, inode) -> int:
+        """The step a file's age counts from."""
+        return inode.use_step if self.from_use else inode.step
+
+    def limits(self, rule: Rule | None) -> tuple[int, int]:
+        """(max_age_steps, done_retention_steps) under `rule` (None: the global ones)."""
+        cfg = self.config
+        if rule is None:
+            return cfg.max_age_steps, cfg.done_retention_steps
+        return (cfg.max_age_steps if rule.max_age_steps is None else rule.max_age_steps,
+                cfg.done_retention_steps if rule.done_retention_steps is None
+                else rule.done_retention_steps)
+
+    def reason(self, inode, step: int, rule: Rule | None) -> str | None:
+        """Why the policy evicts a closed, unpinned file at `step`, or None."""
+        max_age, retention = self.limits(rule)
+        age = step - self.since(inode)
+        if inode.status == STATUS_DONE and age > retention:
+            return "done"
+        if age > max_age:
+            return "max_age"
+        return None
+
+
+class UnitMembers:
+    """A unit's regular files [(ino, path, inode)], and whether a pin keeps it."""
+
+    __slots__ = ("path", "files", "kept")
+
+    def __init__(self, path: str, files: list, kept: bool) -> None:
+        self.path, self.files, self.kept = path, files, kept
+
+
+def _rule_fields(rule: Rule | None) -> dict:
+    """What an eviction record adds when a rule by path decided it."""
+    return {"rule_index": rule.index, "rule_path": rule.path} if rule is not None else {}
 
 
 class Evictor:
@@ -74,32 +151,149 @@ class Evictor:
         self.deferred_total = 0
         self._recheck_send, self._recheck_recv = trio.open_memory_channel(math.inf)
         ops.on_last_close = self.closed
+        self.policy = Policy(config)
+        # ino -> the step it was last opened, not in the store yet (`flush_uses`)
+        self.opened_at: dict[int, int] = {}
+        ops.on_open = self.opened
+
+    # ------------------------------------------------------------ last use
+
+    def opened(self, ino: int) -> None:
+        """A program opened `ino` (called by the FUSE layer on every open).
+
+        Kept in memory and folded into the store by the next pass
+        (`flush_uses`): a read costs no write transaction.
+        """
+        if not self.policy.from_use:
+            return
+        step = self.store.get_step()
+        of = self.files.get(ino)
+        if of is not None and of.inode.used < step:
+            of.inode.used = step
+        if self.opened_at.get(ino, -1) < step:
+            self.opened_at[ino] = step
+
+    def flush_uses(self) -> int:
+        """Write the recorded opens to the store, in one transaction; how many changed."""
+        if not self.opened_at:
+            return 0
+        marks, self.opened_at = self.opened_at, {}
+        changed = self.store.mark_used(marks)
+        for inode in changed:
+            of = self.files.get(inode.ino)
+            if of is not None and of.inode.used < inode.used:
+                of.inode.used = inode.used
+        return len(changed)
+
+    def used_step(self, inode) -> int:
+        """The last step `inode` was written or opened, opens not yet stored included."""
+        return max(inode.use_step, self.opened_at.get(inode.ino, 0))
 
     # ------------------------------------------------------------ planning
 
     def plan(self, step: int, *, extra_bytes: int = 0, extra_files: int = 0,
              exclude: int | None = None) -> list[tuple[int, str]]:
-        """[(ino, reason)] that policy removes at `step`, oldest first."""
-        cfg = self.config
-        victims: dict[int, str] = {}
-        for _, ino in self.store.scan_index("donestep", before_step=step - cfg.done_retention_steps):
-            victims[ino] = "done"
-        for _, ino in self.store.scan_index("agestep", before_step=step - cfg.max_age_steps):
-            victims.setdefault(ino, "max_age")
-        victims.pop(exclude, None)
-        if cfg.quota_bytes is not None or cfg.max_files is not None:
-            self._plan_limits(victims, extra_bytes, extra_files, exclude)
-        return list(victims.items())
+        """[(ino, reason)] that policy removes at `step`, oldest first (open
+        files included: `run` defers them)."""
+        decided = self._judge(step, extra_bytes, extra_files, exclude)
+        return [(ino, reason) for ino, (reason, _, _) in decided.items()]
 
-    def _plan_limits(self, victims: dict[int, str], extra_bytes: int, extra_files: int,
+    def _judge(self, step: int, extra_bytes: int, extra_files: int,
+               exclude: int | None) -> dict[int, tuple[str, dict, bool]]:
+        """ino -> (reason, extra record fields, held: it or a file of its unit is open)."""
+        self.flush_uses()
+        cfg, rules = self.config, self.policy.rules
+        scope = Scope(self.store)
+        decided: dict[int, tuple[str, dict, bool]] = {}
+        seen: set[int] = set() if exclude is None else {exclude}
+        # The lowest limit any rule sets bounds the scan; each candidate is
+        # then judged by its own rule.
+        retention = rules.lowest("done_retention_steps", cfg.done_retention_steps)
+        max_age = rules.lowest("max_age_steps", cfg.max_age_steps)
+        for index, before in (("donestep", step - retention), ("agestep", step - max_age)):
+            for _, ino in self.store.scan_index(index, before_step=before):
+                if ino not in seen:
+                    self._consider(ino, step, scope, decided, seen)
+        if cfg.quota_bytes is not None or cfg.max_files is not None:
+            self._plan_limits(decided, scope, extra_bytes, extra_files, exclude)
+        return decided
+
+    def _consider(self, ino: int, step: int, scope: Scope,
+                  decided: dict, seen: set[int]) -> None:
+        """Judge one candidate (its whole unit, if it is in one)."""
+        seen.add(ino)
+        try:
+            inode = self.files.attrs(ino)
+        except errors.NotFound:
+            return
+        if not inode.is_reg or inode.nlink == 0:
+            return
+        facts = scope.file_facts(ino)
+        if facts is None:
+            return
+        path, where = facts
+        if where.unit is not None:
+            self._consider_unit(where.unit, step, scope, decided, seen)
+            return
+        if inode.pinned or where.pinned:
+            return
+        rule = self.policy.rules.match(path) if self.policy.rules else None
+        if rule is not None and rule.pin:
+            return
+        reason = self.policy.reason(inode, step, rule)
+        if reason is not None:
+            decided[ino] = (reason, _rule_fields(rule), ino in self.files.files)
+
+    def _consider_unit(self, unit: int, step: int, scope: Scope,
+                       decided: dict, seen: set[int]) -> None:
+        """A unit goes when every file of it is due, none pinned; held if one is open."""
+        members = self._unit_members(unit, scope)
+        seen.update(ino for ino, _, _ in members.files)
+        if members.kept:
+            return
+        verdicts = {}
+        for ino, path, inode in members.files:
+            rule = self.policy.rules.match(path) if self.policy.rules else None
+            reason = self.policy.reason(inode, step, rule)
+            if reason is None:
+                return  # its youngest file keeps it
+            verdicts[ino] = (reason, {**_rule_fields(rule), "unit": members.path})
+        held = any(ino in self.files.files for ino in verdicts)
+        for ino, (reason, extra) in verdicts.items():
+            decided[ino] = (reason, extra, held)
+
+    def _unit_members(self, unit: int, scope: Scope) -> UnitMembers:
+        """The regular files of a unit, and whether anything keeps it whole (cached per pass)."""
+        got = scope.units.get(unit)
+        if got is not None:
+            return got
+        facts = scope.dir_facts(unit)
+        path = facts.path if facts is not None else ""
+        kept = facts is None or facts.pinned
+        files = []
+        for rel, inode in self.store.subtree(unit):
+            if inode.pinned:
+                kept = True  # a pinned file or directory keeps its unit whole
+            if not inode.is_reg or inode.nlink == 0:
+                continue
+            inode = self.files.attrs(inode.ino) if inode.ino in self.files.files else inode
+            full = f"{path}/{rel}" if path else rel
+            rule = self.policy.rules.match(full) if self.policy.rules else None
+            if rule is not None and rule.pin:
+                kept = True
+            files.append((inode.ino, full, inode))
+        got = scope.units[unit] = UnitMembers(path, files, kept)
+        return got
+
+    def _plan_limits(self, decided: dict, scope: Scope, extra_bytes: int, extra_files: int,
                      exclude: int | None) -> None:
         cfg = self.config
         counters = self.store.counters()
         used = self.usage(counters) + extra_bytes
         nfiles = counters["files"] + extra_files
         open_files = self.files.files
-        for ino in victims:
-            if ino not in open_files:  # an open file stays: it frees nothing now
+        for ino, (_, _, held) in decided.items():
+            if not held:  # an open file (or its unit) stays: it frees nothing now
                 used -= self._frees(ino)
                 nfiles -= 1
 
@@ -112,16 +306,43 @@ class Evictor:
         if not (over_quota() or over_files()):
             return
         for _, ino in self.store.iter_index("agestep"):
-            if ino in victims or ino == exclude or ino in open_files:
+            if ino in decided or ino == exclude or ino in open_files:
                 continue
-            frees = self._frees(ino)
+            group = self._quota_group(ino, scope, exclude)
+            if not group:
+                continue
+            frees = sum(self._frees(i) for i, _ in group)
             if not over_files() and frees == 0:
                 continue  # over the quota only: a file that frees nothing stays
-            victims[ino] = "quota" if over_quota() else "max_files"
+            reason = "quota" if over_quota() else "max_files"
+            for i, extra in group:
+                decided[i] = (reason, extra, False)
             used -= frees
-            nfiles -= 1
+            nfiles -= len(group)
             if not (over_quota() or over_files()):
                 return
+
+    def _quota_group(self, ino: int, scope: Scope, exclude: int | None) -> list | None:
+        """What a quota must take to take `ino`: the file, or its whole unit;
+        None if a pin (of the file, a directory, a rule) or an open file keeps it."""
+        facts = scope.file_facts(ino)
+        if facts is None:
+            return None
+        path, where = facts
+        if where.pinned:
+            return None
+        if where.unit is not None:
+            members = self._unit_members(where.unit, scope)
+            inos = [i for i, _, _ in members.files]
+            if members.kept or exclude in inos or any(i in self.files.files for i in inos):
+                return None
+            return [(i, {**_rule_fields(self.policy.rules.match(p) if self.policy.rules
+                                        else None), "unit": members.path})
+                    for i, p, _ in members.files]
+        rule = self.policy.rules.match(path) if self.policy.rules else None
+        if rule is not None and rule.pin:
+            return None
+        return [(ino, _rule_fields(rule))]
 
     def _frees(self, ino: int) -> int:
         """Bytes the quota gets back when `ino` goes: its content and its xattrs."""
@@ -141,20 +362,20 @@ class Evictor:
             extra_bytes: int = 0, extra_files: int = 0, exclude: int | None = None) -> dict:
         """Evict what policy says at `step` (default: the current step); a report.
 
-        Open files are left alone and listed under `deferred`.
+        Open files (and the units they are in) are left alone; the open ones
+        are listed under `deferred`.
         """
         t0 = time.perf_counter()
         current = self.store.get_step()
         step = current if step is None else step
-        plan = self.plan(step, extra_bytes=extra_bytes, extra_files=extra_files,
-                         exclude=exclude)
+        decided = self._judge(step, extra_bytes, extra_files, exclude)
+        due = [(ino, r, e) for ino, (r, e, held) in decided.items() if not held]
         open_files = self.files.files
-        due = [(ino, reason) for ino, reason in plan if ino not in open_files]
-        held = [(ino, reason) for ino, reason in plan if ino in open_files]
+        held = [(ino, r, e) for ino, (r, e, h) in decided.items() if h and ino in open_files]
         records = self._apply(due, step, dry_run)
-        deferred = [self._deferral(ino, reason) for ino, reason in held]
+        deferred = [self._deferral(ino, reason, extra) for ino, reason, extra in held]
         if not dry_run:
-            for ino, reason in held:
+            for ino, reason, _ in held:
                 if reason in RECHECKED:
                     self.deferred[ino] = reason
             self.deferred_total += len(held)
@@ -168,23 +389,27 @@ class Evictor:
             if records:
                 self.ops.journal.files_evicted(records)
         if records:
+            units = sorted({r["unit"] for r in records if "unit" in r})
             log.info("evicted", step=step, dry_run=dry_run, files=len(records),
-                     bytes=report["bytes"], duration_ms=report["duration_ms"])
+                     bytes=report["bytes"], duration_ms=report["duration_ms"],
+                     **({"units": units[:20]} if units else {}))
         if deferred:
             log.info("eviction_deferred", step=step, dry_run=dry_run, files=len(deferred),
                      why="open", paths=[d["path"] for d in deferred[:20]])
         return report
 
-    def _apply(self, victims: list[tuple[int, str]], step: int, dry_run: bool) -> list[dict]:
+    def _apply(self, victims: list[tuple[int, str, dict]], step: int,
+               dry_run: bool) -> list[dict]:
         """Eviction records for closed files `victims`; removed unless `dry_run`."""
-        facts = self.store.eviction_facts([ino for ino, _ in victims])
+        facts = self.store.eviction_facts([ino for ino, _, _ in victims])
         records = []
-        for ino, reason in victims:
+        for ino, reason, extra in victims:
             inode, path, digest = facts[ino]
             records.append({
                 "path": path, "ino": ino, "gen": inode.gen, "hash": digest.hex(),
                 "size": inode.size, "step": inode.step, "evicted_step": step,
                 "reason": reason, "status": STATUS_NAMES[inode.status],
+                "used_step": inode.use_step, **extra,
             })
         if not dry_run and records:
             removed = self.store.evict([(r["ino"], r) for r in records])
@@ -192,13 +417,13 @@ class Evictor:
             self.evicted_total += len(records)
         return records
 
-    def _deferral(self, ino: int, reason: str) -> dict:
+    def _deferral(self, ino: int, reason: str, extra: dict) -> dict:
         """What the report says of a due file left alone because it is open."""
         inode = self.files.attrs(ino)
         of = self.files.get(ino)
         return {"path": self.store.path_of(ino) or "", "ino": ino, "reason": reason,
                 "size": inode.size, "step": inode.step, "why": "open",
-                "handles": of.handles if of is not None else 0}
+                "handles": of.handles if of is not None else 0, **extra}
 
     # ------------------------------------------------------- deferred files
 
@@ -213,38 +438,29 @@ class Evictor:
             self._recheck_send.send_nowait(ino)
 
     def recheck(self, inos: set[int]) -> dict:
-        """Evict the deferred files among `inos` that are closed and still due."""
+        """Evict the deferred files among `inos` that are closed and still due
+        (with their units: a unit held by one open file goes when it closes)."""
+        self.flush_uses()
         step = self.store.get_step()
-        victims = []
+        scope = Scope(self.store)
+        decided: dict[int, tuple[str, dict, bool]] = {}
+        seen: set[int] = set()
         for ino in sorted(inos):
             if ino in self.files.files or ino not in self.deferred:
                 continue  # opened again meanwhile: its next close brings it back
             self.deferred.pop(ino)
-            reason = self._due(ino, step)
-            if reason is not None:
-                victims.append((ino, reason))
-        records = self._apply(victims, step, dry_run=False)
+            if ino not in seen:
+                self._consider(ino, step, scope, decided, seen)
+        due = [(ino, r, e) for ino, (r, e, held) in decided.items() if not held]
+        for ino, (reason, _, held) in decided.items():
+            if held and ino in self.files.files and reason in RECHECKED:
+                self.deferred[ino] = reason  # another file of its unit is still open
+        records = self._apply(due, step, dry_run=False)
         if records:
             log.info("evicted", step=step, files=len(records),
                      bytes=sum(r["size"] for r in records), after_close=True,
                      paths=[r["path"] for r in records[:20]])
         return {"step": step, "evicted": records}
-
-    def _due(self, ino: int, step: int) -> str | None:
-        """The reason the policy evicts `ino` at `step`, or None."""
-        try:
-            inode = self.store.get_inode(ino)
-        except errors.NotFound:
-            return None
-        if not inode.is_reg or inode.nlink == 0 or inode.pinned:
-            return None
-        cfg = self.config
-        age = step - inode.step
-        if inode.status == STATUS_DONE and age > cfg.done_retention_steps:
-            return "done"
-        if age > cfg.max_age_steps:
-            return "max_age"
-        return None
 
     async def run_rechecks(self) -> None:
         """The background task: deferred files are reconsidered once closed."""

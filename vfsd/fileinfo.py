@@ -15,6 +15,7 @@ from vfsd.store.inode import STATUS_NAMES, Inode
 from vfsd.store.placement import placement
 
 from .eviction import explain
+from .evictscope import Scope
 
 #: snapshots looked at for versions of the file (the newest first)
 SNAPSHOTS_SCANNED = 1000
@@ -52,6 +53,7 @@ def file_info(store, snaps, inode: Inode, path: str, *, config, step: int,
         "tier": tier,
         "content": {k: v for k, v in where.items() if k not in ("missing", "present")},
         "snapshots": held,
-        "eviction": explain(inode, step, config),
+        "used_step": inode.use_step,
+        "eviction": explain(inode, step, config, path=path, scope=Scope(store)),
         "open_handles": open_handles,
     }

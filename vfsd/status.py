@@ -84,6 +84,13 @@ def live_status(daemon) -> dict:
         # Due files left alone because they are open: they go at their close
         # if still due (the first 100 paths).
         "eviction_deferred": ev.deferred_paths(100),
+        # The policy as the evictor applies it: rules by path first (the first
+        # match wins), the global limits last.
+        "eviction_policy": {"age_from": daemon.config.age_from,
+                            "max_age_steps": daemon.config.max_age_steps,
+                            "done_retention_steps": daemon.config.done_retention_steps,
+                            "rules": [{"index": r.index, **r.as_dict()}
+                                      for r in ev.policy.rules.rules]},
         "dirty_bytes": ops.files.dirty_bytes,
         "dirty_limit": ops.files.dirty_limit,
         "hot_files": len(daemon.store.hot_inodes()),

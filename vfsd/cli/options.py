@@ -21,6 +21,13 @@ def config_options(fn):
         click.option("--quota-bytes", type=SIZE,
                      help="Byte quota (e.g. 10G, 256MiB); oldest unpinned files go first."),
         click.option("--max-files", type=int, help="File-count limit; oldest unpinned files go first."),
+        click.option("--age-from", type=click.Choice(["use", "written"]),
+                     help="A file's age counts from its last write or open (use), or its "
+                          "last write (written) [use]."),
+        click.option("--eviction-rules", metavar="JSON",
+                     help='Ordered rules by path, the first match wins, as JSON: '
+                          '[{"path": "tool_outputs/**", "max_age_steps": 5}, '
+                          '{"path": "src/**", "pin": true}].'),
         click.option("--durability", type=click.Choice(["fsync", "sync"]),
                      help="fsync: durable on fsync() [default]; sync: also on close."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
@@ -88,7 +95,8 @@ def config_options(fn):
 
 
 OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
-                "quota_bytes", "max_files", "durability", "log_level", "allow_other",
+                "quota_bytes", "max_files", "age_from", "eviction_rules", "durability",
+                "log_level", "allow_other",
                 "entry_timeout", "commit_window", "max_tasks", "metrics_port", "snapshot_keep_last",
                 "snapshot_keep_steps", "snapshot_keep_bytes", "xattr_reads",
                 "remote_url", "remote_endpoint_url", "remote_region", "remote_profile",

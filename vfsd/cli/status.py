@@ -187,6 +187,15 @@ def _text(doc: dict) -> str:
             limit = cache.get("limit")
             pairs.append(("  local chunk cache", f"{human(cache.get('bytes', 0))}"
                           + (f" of {human(limit)}" if limit else " (no bound)")))
+    policy = doc.get("eviction_policy")
+    if policy:
+        pairs.append(("eviction", f"max age {policy['max_age_steps']} steps, done retention "
+                                  f"{policy['done_retention_steps']}, age from "
+                                  f"{'last use' if policy['age_from'] == 'use' else 'last write'}"))
+        for rule in policy["rules"]:
+            sets = ", ".join(f"{k} {str(v).lower()}" for k, v in rule.items()
+                             if k not in ("index", "path"))
+            pairs.append((f"  rule {rule['index']}", f"{rule['path']}: {sets}"))
     if "quota_used_bytes" in doc:
         limit = f" of {human(doc['quota_bytes'])}" if doc.get("quota_bytes") else ""
         pairs.append(("quota used", f"{human(doc['quota_used_bytes'])}{limit}"))

@@ -401,6 +401,7 @@ class ControlServer:
         of = self.files.get(ino)
         if of is not None:
             self.files.flush(of)  # what the store says is then what programs see
+        self.evictor.flush_uses()
         return file_info(self.store, self.daemon.snapshots, self.files.attrs(ino),
                          ref["path"], config=self.daemon.config, step=self.store.get_step(),
                          describe_call=self.ops.provenance.describe,

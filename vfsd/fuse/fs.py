@@ -42,6 +42,8 @@ XATTR_RW = (b"user.vfsd.step", b"user.vfsd.status", b"user.vfsd.pin")
 XATTR_RO = (b"user.vfsd.hash", b"user.vfsd.tier")
 #: write-only: the tool call about to write the file (a JSON object, see `provenance`)
 XATTR_CALL = b"user.vfsd.call"
+#: a directory that is a unit for eviction ("1") or not one ("0"), see `vfsd.evictscope`
+XATTR_UNIT = b"user.vfsd.unit"
 #: what mknod may create (directories and symlinks have their own requests)
 _MKNOD_TYPES = frozenset({stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
 
@@ -205,6 +207,11 @@ class VfsdOperations(pyfuse3.Operations):
         # Called with an inode number when a file's last handle goes (eviction
         # reconsiders the files it deferred because they were open).
         self.on_last_close = None
+        # Called with an inode number on every open of a regular file (its
+        # age for eviction counts from its last use).
+        self.on_open = None
+        # Inode -> the last step it was written or opened, opens not yet stored included.
+        self.used_step = None
         self._disk_free = 0
         self._disk_checked = 0.0
         self._loading: dict[bytes, trio.Event] = {}  # chunk loads in flight
@@ -279,8 +286,10 @@ class VfsdOperations(pyfuse3.Operations):
         xattrs = {name.decode(errors="backslashreplace"):
                   (self.store.get_xattr(ino, name) or b"").decode(errors="backslashreplace")
                   for name in self.store.list_xattrs(ino)}
+        used = self.used_step(rec) if self.used_step is not None else rec.use_step
         return {"path": self.store.path_of(ino), "ino": ino, "gen": rec.gen, "size": rec.size,
-                "step": rec.step, "status": STATUS_NAMES[rec.status], "pin": rec.pinned,
+                "step": rec.step, "written_step": rec.step, "used_step": used,
+                "status": STATUS_NAMES[rec.status], "pin": rec.pinned,
                 "hash": digest.hex(),
                 "tier": "inline" if inline else "chunked", "mtime_ns": rec.mtime_ns,
                 "made_by": self.provenance.describe(rec.made_by),
@@ -716,6 +725,8 @@ class VfsdOperations(pyfuse3.Operations):
             of.fresh = False
         if flags & os.O_TRUNC and of.inode.size:
             self.files.truncate(of, 0)
+        if self.on_open is not None:
+            self.on_open(ino)
         # All content changes pass through this mount's page cache, so what
         # the kernel cached is never stale: keep it across opens.
         return pyfuse3.FileInfo(fh=ino, keep_cache=True)
@@ -1028,6 +1039,8 @@ class VfsdOperations(pyfuse3.Operations):
         ino = self._ino(inode)
         if name.startswith(XATTR_PREFIX):
             rec = self._attrs(ino)
+            if rec.is_dir and name == b"user.vfsd.pin":
+                return b"1" if rec.pinned else b"0"
             if rec.is_reg:
                 if name == b"user.vfsd.step":
                     return str(rec.step).encode()
@@ -1068,11 +1081,21 @@ class VfsdOperations(pyfuse3.Operations):
             return
         if name in XATTR_RO:
             raise pyfuse3.FUSEError(errno.EPERM)
+        text = value.decode(errors="replace").strip()
+        if name == XATTR_UNIT:
+            # A directory evicted whole or not at all ("1"), or never as one ("0"):
+            # kept as a plain attribute the evictor reads.
+            if not self._attrs(ino).is_dir or text not in ("0", "1", "true", "false"):
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            self.store.set_xattr(ino, XATTR_UNIT, b"1" if text in ("1", "true") else b"0")
+            return
         if name not in XATTR_RW:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        if not self._attrs(ino).is_reg:
+        kind = self._attrs(ino)
+        if kind.is_dir and name == b"user.vfsd.pin":
+            pass  # a pinned directory keeps its whole subtree
+        elif not kind.is_reg:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        text = value.decode(errors="replace").strip()
         if name == b"user.vfsd.status":
             if text not in STATUS_BY_NAME:
                 raise pyfuse3.FUSEError(errno.EINVAL)
@@ -1082,7 +1105,8 @@ class VfsdOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EINVAL)
             self.set_attrs(ino, pinned=text in ("1", "true"))
         else:
-            self.set_attrs(ino, step=_parse_step(value))
+            # A step set by hand is the file's last use too, or it could not age it.
+            self.set_attrs(ino, step=_parse_step(value), used=0)
 
     def _note_writer(self, of, pid: int) -> None:
         """The requesting process's tool call is the author of what the open
@@ -1132,6 +1156,10 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def removexattr(self, inode, name, ctx):
         self._check_writable()
+        if name == XATTR_UNIT:  # back to what the directory holds deciding
+            if not self.store.remove_xattr(self._ino(inode), name):
+                raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+            return
         if name.startswith(XATTR_PREFIX):
             raise pyfuse3.FUSEError(errno.EPERM)
         if not self.store.remove_xattr(self._ino(inode), name):

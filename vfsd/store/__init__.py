@@ -6,8 +6,8 @@ and `locks/`. One store may serve several volumes (one per run dir or fork);
 every per-file key starts with the volume id, so volumes never see each
 other's inodes and inode numbers are per volume (a volume's root is inode 1).
 
-Schema version 3 (version 2 stores are upgraded in place by their first
-writer, see `Store._upgrade`). Integers are big-endian, so range scans run in order;
+Schema version 4 (version 2 and 3 stores are upgraded in place by their
+first writer, see `Store._upgrade`). Integers are big-endian, so range scans run in order;
 `vi` below is vol u32 + ino u64.
 
 `meta`      ascii key -> value. Global: `schema` (u32 SCHEMA_VERSION),
@@ -26,7 +26,9 @@ writer, see `Store._upgrade`). Integers are big-endian, so range scans run in or
             Its last 16 bytes are two call keys (u64): the tool call that
             created the inode and the one that last changed its content
             (0: no tool call; 2**64-1: unknown, for records written by
-            schema 2, which are 16 bytes shorter and read as such).
+            schema 2, which are 16 bytes shorter and read as such), then
+            (schema 4) the step of last use u64: the last step the file was
+            opened (0 in schema 3 records, 8 bytes shorter).
 `call`      call key u64 -> JSON {tool, id, thread, step}: the tool calls that
             inode records name, store-wide. The key is the xxh3-64 of
             thread, tool and id (`calls.call_key`), so it means the same call
@@ -56,8 +58,10 @@ writer, see `Store._upgrade`). Integers are big-endian, so range scans run in or
 `xattr`     vi + name -> value.
 `bystep`    vol u32 + step u64 + ino u64 -> b"", every regular file with a
             name, by the step of its last change (for `changes`).
-`agestep`   same key, unpinned regular files only (max-age and quota eviction).
-`donestep`  same key, unpinned regular files with status done.
+`agestep`   vol u32 + step of last use u64 (the later of the step written
+            and the step last opened) + ino u64 -> b"", unpinned regular
+            files only (max-age and quota eviction).
+`donestep`  same key as agestep, unpinned regular files with status done.
 `orphan`    vi -> b"". Inodes with no names left whose storage waits for the
             last open handle or kernel reference; freed at the volume's next start.
 `evicted`, `evictino`, `removed`: the bounded logs, see `eventlog`.

@@ -16,8 +16,10 @@ STATUS_BY_NAME = {v: k for k, v in STATUS_NAMES.items()}
 NO_CALL = 0
 UNKNOWN_CALL = (1 << 64) - 1
 
-# Big-endian, fixed width. Schema 2 records end before the two call keys.
-_FORMAT = struct.Struct(">IIIIIIQqqqIQBBBQQQ")
+# Big-endian, fixed width. Schema 3 records end before the step of last use,
+# schema 2 records also before the two call keys.
+_FORMAT = struct.Struct(">IIIIIIQqqqIQBBBQQQQ")
+_FORMAT_V3 = struct.Struct(">IIIIIIQqqqIQBBBQQQ")
 _FORMAT_V2 = struct.Struct(">IIIIIIQqqqIQBBBQ")
 
 
@@ -29,6 +31,8 @@ class Inode:
     whether all content is small enough to live in LMDB (one block at most).
     `made_by` and `changed_by` are the tool calls (call keys, see `calls`) that
     created the inode and last changed its content, or NO_CALL / UNKNOWN_CALL.
+    `used` is the last step the file was opened (0: never recorded); its age
+    for eviction counts from `use_step`, the later of that and `step`.
     """
 
     ino: int
@@ -51,6 +55,12 @@ class Inode:
     nblocks: int = 0
     made_by: int = NO_CALL
     changed_by: int = NO_CALL
+    used: int = 0
+
+    @property
+    def use_step(self) -> int:
+        """The last step the file was written or opened."""
+        return max(self.step, self.used)
 
     def copy(self) -> Inode:
         return Inode.unpack(self.ino, self.pack())
@@ -76,14 +86,19 @@ class Inode:
             self.vol, self.mode, self.nlink, self.uid, self.gid, self.rdev,
             self.size, self.atime_ns, self.mtime_ns, self.ctime_ns, self.gen,
             self.step, self.status, int(self.pinned), int(self.inline), self.nblocks,
-            self.made_by, self.changed_by,
+            self.made_by, self.changed_by, self.used,
         )
 
     @classmethod
     def unpack(cls, ino: int, raw: bytes) -> Inode:
+        used = 0
         if len(raw) >= INODE_SIZE:
             (vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen, step,
-             status, pinned, inline, nblocks, made_by, changed_by) = _FORMAT.unpack_from(raw)
+             status, pinned, inline, nblocks, made_by, changed_by,
+             used) = _FORMAT.unpack_from(raw)
+        elif len(raw) >= _FORMAT_V3.size:  # a schema 3 record: no step of last use
+            (vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen, step,
+             status, pinned, inline, nblocks, made_by, changed_by) = _FORMAT_V3.unpack_from(raw)
         else:  # a schema 2 record (or a snapshot entry written then)
             (vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen, step,
              status, pinned, inline, nblocks) = _FORMAT_V2.unpack_from(raw)
@@ -91,7 +106,7 @@ class Inode:
         return cls(
             ino, vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen,
             step, status, bool(pinned), bool(inline), nblocks,
-            made_by=made_by, changed_by=changed_by,
+            made_by=made_by, changed_by=changed_by, used=used,
         )
 
 

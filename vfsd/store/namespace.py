@@ -258,6 +258,38 @@ class NamespaceMixin:
         k = cur.key()
         return _U64.unpack(k[12:20])[0], bytes(k[20:])
 
+    def parent_of(self, ino: int) -> tuple[int, bytes] | None:
+        """One (parent, name) of `ino`, or None if it has no name."""
+        with self.txn() as txn:
+            return self._parent_of(txn, ino)
+
+    def has_entry(self, parent: int, name: bytes) -> bool:
+        with self.txn() as txn:
+            return txn.get(self._key(parent) + name, db=self.db["dentry"]) is not None
+
+    def subtree(self, ino: int, limit: int = 1 << 20) -> list[tuple[str, Inode]]:
+        """(path below `ino`, inode) of everything under directory `ino`,
+        parents before children, in one read transaction; at most `limit`
+        entries (eviction judges a unit on them)."""
+        out: list[tuple[str, Inode]] = []
+        todo = [(ino, "")]
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db["dentry"])
+            while todo and len(out) < limit:
+                d, base = todo.pop()
+                prefix = self._key(d)
+                if not cur.set_range(prefix):
+                    continue
+                for key, val in cur:
+                    if key[:12] != prefix or len(out) >= limit:
+                        break
+                    child = self._get_inode(txn, _U64X2.unpack(val)[0])
+                    path = base + bytes(key[12:]).decode(errors="surrogateescape")
+                    out.append((path, child))
+                    if child.is_dir:
+                        todo.append((child.ino, path + "/"))
+        return out
+
     def names_of(self, ino: int) -> list[tuple[int, bytes]]:
         """Every (parent, name) of `ino`."""
         with self.txn() as txn:

@@ -38,10 +38,11 @@ from .namespace import NamespaceMixin
 from .steplog import StepLogMixin
 from .xattrstore import XattrMixin
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: older schemas this vfsd reads, and upgrades in place when it opens them for
 #: writing (`_upgrade`): version -> what changed since
-_UPGRADABLE = {2: "inode records gained the two call keys; the `call` and `steplog` tables"}
+_UPGRADABLE = {2: "inode records gained the two call keys; the `call` and `steplog` tables",
+               3: "inode records gained the step of last use"}
 ROOT_INO = 1
 #: inode numbers stay below this (the FUSE layer uses the space above for views)
 MAX_INO = 1 << 40
@@ -345,7 +346,8 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         2 -> 3: nothing to rewrite. Schema 2 inode records (and snapshot
         entries) are shorter and read as made and changed by an unknown call;
         the `call` and `steplog` tables were created when the databases were
-        opened.
+        opened. 3 -> 4: nothing to rewrite either: schema 3 records read as
+        never opened since written, which is what their step indexes say.
         """
         with self.txn(write=True) as txn:
             txn.put(b"schema", _U32.pack(SCHEMA_VERSION), db=self.db["meta"])
@@ -828,7 +830,7 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
 
     #: attributes `set_attrs` may change (content fields go through commit_content)
     SETTABLE = frozenset({"mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns",
-                          "status", "pinned", "step", "rdev", "changed_by"})
+                          "status", "pinned", "step", "rdev", "changed_by", "used"})
 
     def set_attrs(self, ino: int, **changes) -> Inode:
         """Change some attributes in one transaction; the new record.
@@ -856,13 +858,37 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
     def _index_keys(self, inode: Inode) -> list[tuple[str, bytes]]:
         if not inode.is_reg or inode.nlink == 0:
             return []
-        key = _VOL_STEP_INO.pack(inode.vol, inode.step, inode.ino)
-        keys = [("bystep", key)]
+        keys = [("bystep", _VOL_STEP_INO.pack(inode.vol, inode.step, inode.ino))]
         if not inode.pinned:
-            keys.append(("agestep", key))
+            used = _VOL_STEP_INO.pack(inode.vol, inode.use_step, inode.ino)
+            keys.append(("agestep", used))
             if inode.status == STATUS_DONE:
-                keys.append(("donestep", key))
+                keys.append(("donestep", used))
         return keys
+
+    def mark_used(self, marks: dict[int, int]) -> list[Inode]:
+        """Record that files were opened: ino -> step, in one transaction; the
+        records that changed.
+
+        Not a change of the tree: snapshots and the remote tier never see it
+        (a snapshot entry keeps the use it had), so reading files costs no
+        snapshot work.
+        """
+        out = []
+        with self.txn(write=True) as txn:
+            for ino, step in marks.items():
+                raw = txn.get(self._key(ino), db=self.db["inode"])
+                if raw is None:
+                    continue
+                old = Inode.unpack(ino, raw)
+                if not old.is_reg or old.nlink == 0 or old.used >= step:
+                    continue
+                new = old.copy()
+                new.used = step
+                self._reindex(txn, old, new)
+                txn.put(self._key(ino), new.pack(), db=self.db["inode"])
+                out.append(new)
+        return out
 
     def _reindex(self, txn, old: Inode | None, new: Inode | None) -> None:
         before = set(self._index_keys(old)) if old else set()
@@ -1014,6 +1040,7 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
             # the caller's copy says (an unlinked open file must stay unlinked).
             new.nlink = old.nlink
             new.nblocks = old.nblocks
+            new.used = max(old.used, inode.used)  # opens are recorded apart (`mark_used`)
             if stamp_step:
                 new.step = self._step(txn)
             if drop_blocks_from is not None:

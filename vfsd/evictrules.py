@@ -1,0 +1,172 @@
+"""Eviction rules by path: ordered, the first match wins, the global policy last.
+
+A rule is a small table, as in TOML or JSON:
+
+    {path = "tool_outputs/**", max_age_steps = 5}
+    {path = "src/**", pin = true}
+    {path = "scratch/**", done_retention_steps = 0}
+
+`path` is a glob over paths relative to the mount root: `*` and `?` stay
+within one name, `**` spans any number of names (`a/**` is everything below
+`a`, `**/x` is `x` anywhere), `[abc]` a class. A rule sets any of
+`max_age_steps`, `done_retention_steps` (the global value for the others)
+and `pin`. Rules are checked when the configuration is read, so a daemon
+never starts with one it cannot apply; the error names the rule.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: what a rule may set, with the type its value must have
+RULE_KEYS = {"path": str, "max_age_steps": int, "done_retention_steps": int, "pin": bool}
+#: the most rules a volume takes: each candidate of a pass is matched against them
+MAX_RULES = 256
+
+
+class RuleError(ValueError):
+    """A rule is wrong; the message names it and says how."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    index: int  # 1-based, as `vfsd status` lists them
+    path: str
+    regex: re.Pattern
+    max_age_steps: int | None = None
+    done_retention_steps: int | None = None
+    pin: bool = False
+
+    def as_dict(self) -> dict:
+        out: dict = {"path": self.path}
+        if self.max_age_steps is not None:
+            out["max_age_steps"] = self.max_age_steps
+        if self.done_retention_steps is not None:
+            out["done_retention_steps"] = self.done_retention_steps
+        if self.pin:
+            out["pin"] = True
+        return out
+
+    def describe(self) -> str:
+        return f"rule {self.index} ({self.path})"
+
+
+def glob_regex(glob: str) -> re.Pattern:
+    """The regex of a path glob (see the module docstring); ValueError if malformed."""
+    if not glob or glob.strip("/") == "":
+        raise ValueError("the glob is empty")
+    if "\0" in glob:
+        raise ValueError("the glob holds a NUL byte")
+    glob = glob.strip("/") if glob != "/" else glob
+    names = glob.split("/")
+    if any(n in ("", ".", "..") for n in names):
+        raise ValueError("the glob has an empty, '.' or '..' name")
+    out: list[str] = []
+    for i, name in enumerate(names):
+        last = i == len(names) - 1
+        if name == "**":
+            # Any number of names: with the separator that follows, or, last,
+            # everything below what came before (and nothing more).
+            out.append(".*" if last and not out else "(?:/.*)?" if last else "(?:.*/)?")
+            continue
+        if "**" in name:
+            raise ValueError(f"'**' must be a whole name, got {name!r}")
+        out.append(_name_regex(name) + ("" if last or names[i + 1] == "**" else "/"))
+    try:
+        return re.compile("".join(out), re.DOTALL)
+    except re.error as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _name_regex(name: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(name):
+        c = name[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = name.find("]", i + 2 if name[i + 1:i + 2] in ("!", "^") else i + 1)
+            if end < 0:
+                raise ValueError(f"unclosed '[' in {name!r}")
+            body = name[i + 1:end]
+            if body[:1] in ("!", "^"):
+                body = "^" + body[1:]
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def parse_rules(raw) -> list[Rule]:
+    """Rules from a list of tables (TOML, JSON); RuleError naming the first bad one."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list | tuple):
+        raise RuleError(f"eviction_rules must be a list of tables such as "
+                        f"[{{path = \"tool_outputs/**\", max_age_steps = 5}}], got {raw!r}")
+    if len(raw) > MAX_RULES:
+        raise RuleError(f"eviction_rules: at most {MAX_RULES} rules, got {len(raw)}")
+    return [_parse_rule(i + 1, r) for i, r in enumerate(raw)]
+
+
+def _parse_rule(index: int, raw) -> Rule:
+    what = f"eviction rule {index}"
+    if not isinstance(raw, dict):
+        raise RuleError(f"{what} must be a table such as {{path = \"src/**\", pin = true}}, "
+                        f"got {raw!r}")
+    if isinstance(raw.get("path"), str):
+        what += f" ({raw['path']!r})"
+    unknown = sorted(set(raw) - set(RULE_KEYS))
+    if unknown:
+        raise RuleError(f"{what}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                        f"a rule takes {', '.join(RULE_KEYS)}")
+    if "path" not in raw:
+        raise RuleError(f"{what}: no 'path' (a glob such as \"tool_outputs/**\")")
+    for key, want in RULE_KEYS.items():
+        if key not in raw:
+            continue
+        value = raw[key]
+        ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+        if not ok or (want is int and value < 0):
+            kind = {str: "a glob (text)", int: "a non-negative integer",
+                    bool: "true or false"}[want]
+            raise RuleError(f"{what}: {key} must be {kind}, got {value!r}")
+    if len(raw) == 1:
+        raise RuleError(f"{what}: sets nothing; give max_age_steps, done_retention_steps "
+                        "or pin")
+    try:
+        regex = glob_regex(raw["path"])
+    except ValueError as exc:
+        raise RuleError(f"{what}: bad glob: {exc}") from None
+    return Rule(index, raw["path"], regex, raw.get("max_age_steps"),
+                raw.get("done_retention_steps"), bool(raw.get("pin", False)))
+
+
+class RuleSet:
+    """The compiled rules of a volume, matched first to last."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = rules
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def match(self, path: str) -> Rule | None:
+        for rule in self.rules:
+            if rule.regex.fullmatch(path):
+                return rule
+        return None
+
+    def lowest(self, key: str, default: int) -> int:
+        """The smallest value of `key` any file can have (the scan's bound)."""
+        values = [getattr(r, key) for r in self.rules if getattr(r, key) is not None]
+        return min([default, *values])
+
+    def as_list(self) -> list[dict]:
+        return [r.as_dict() for r in self.rules]
