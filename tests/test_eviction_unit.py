@@ -375,3 +375,89 @@ def test_reserve_file_under_max_files(make) -> None:
     with pytest.raises(errors.NoSpace):
         v.evictor.reserve_file()
     assert v.evictor.enospc_total == 1
+
+
+# ------------------------------------------------- units, rules, last use
+
+
+DIR = stat.S_IFDIR | 0o755
+
+
+def test_quota_takes_a_unit_whole_or_not_at_all(make) -> None:
+    v = make(quota_bytes=3500)
+    root = v.store.root_ino
+    repo = v.store.create(root, b"repo", DIR, os.getuid(), os.getgid()).ino
+    git = v.store.create(repo, b".git", DIR, os.getuid(), os.getgid()).ino
+    head = v.file(b"HEAD", b"h" * 1000, step=0, parent=git)
+    src = v.file(b"src.py", b"s" * 1000, step=5, parent=repo)
+    loose = [v.file(b"f%d" % i, b"%d" % i * 1000, step=i) for i in (1, 2)]
+    # 4000 bytes, 3500 allowed: the oldest file is the repo's HEAD, so the
+    # whole repo goes (2000 bytes), not HEAD alone, and nothing more.
+    plan = v.plan(6)
+    assert sorted(plan) == sorted([(head, "quota"), (src, "quota")])
+    # Pinned inside, the repo stays whole: the loose files go instead.
+    v.set(src, pinned=True)
+    assert v.plan(6) == [(loose[0], "quota")]
+    v.set(src, pinned=False)
+    # One file of it open: the quota passes over the whole unit.
+    of = v.files.acquire(src)
+    try:
+        assert v.plan(6) == [(loose[0], "quota")]
+    finally:
+        v.files.release(of)
+
+
+def test_opens_are_folded_into_the_next_pass(make) -> None:
+    v = make(max_age_steps=2)
+    f = v.file(b"f", b"data", step=0)
+    v.store.set_step(2)
+    v.evictor.opened(f)  # what the FUSE layer calls on open
+    assert v.store.get_inode(f).used == 0  # no transaction per open
+    assert v.evictor.used_step(v.store.get_inode(f)) == 2
+    assert v.plan(3) == []  # the pass writes the open first: age 1
+    assert v.store.get_inode(f).used == 2 and v.store.get_inode(f).step == 0
+    assert v.plan(5) == [(f, "max_age")]
+
+
+def test_a_schema_3_store_reads_as_never_opened_and_upgrades(tmp_path: Path) -> None:
+    import lmdb
+
+    from vfsd.store import store as store_mod
+    from vfsd.store.inode import _FORMAT_V3
+
+    st = Store(tmp_path / "s")
+    ino = st.create(st.root_ino, b"old.txt", REG, 0, 0).ino
+    st.set_attrs(ino, step=4)
+    st.close()
+    env = lmdb.open(str(tmp_path / "s" / "lmdb"), max_dbs=64)
+    with env.begin(write=True) as txn:
+        inodes = env.open_db(b"inode", txn=txn)
+        for key, val in list(txn.cursor(db=inodes)):
+            txn.put(key, bytes(val)[:_FORMAT_V3.size], db=inodes)
+        txn.put(b"schema", (3).to_bytes(4, "big"), db=env.open_db(b"meta", txn=txn))
+    env.close()
+    st = Store(tmp_path / "s")
+    inode = st.get_inode(ino)
+    assert (inode.step, inode.used, inode.use_step) == (4, 0, 4)
+    assert st.scan_index("agestep") == [(4, ino)]  # the index it had still holds
+    with st.txn() as txn:
+        assert int.from_bytes(txn.get(b"schema", db=st.db["meta"]), "big") == \
+            store_mod.SCHEMA_VERSION == 4
+    assert st.mark_used({ino: 9})[0].used == 9
+    assert st.scan_index("agestep") == [(9, ino)] and st.scan_index("bystep") == [(4, ino)]
+    st.close()
+
+
+@pytest.mark.parametrize("glob, yes, no", [
+    ("tool_outputs/**", ["tool_outputs", "tool_outputs/a", "tool_outputs/a/b.json"],
+     ["tool_outputs2/a", "x/tool_outputs/a"]),
+    ("**/*.log", ["a.log", "x/y/a.log"], ["a.log/x", "alog"]),
+    ("src/*.py", ["src/a.py"], ["src/a/b.py", "src/a.pyc"]),
+    ("a/**/b", ["a/b", "a/x/y/b"], ["a/xb"]),
+    ("s/[!x]?", ["s/ab"], ["s/xb", "s/a"]),
+])
+def test_rule_globs(glob: str, yes: list[str], no: list[str]) -> None:
+    from vfsd.evictrules import glob_regex
+
+    rx = glob_regex(glob)
+    assert all(rx.fullmatch(p) for p in yes) and not any(rx.fullmatch(p) for p in no)
