@@ -3,7 +3,8 @@
 
 Usage (from the repo):
     .venv/bin/python bench/eviction_bench.py [--quick] [--files N ...] [--rounds R]
-                                              [--scenario max_age|done|both] [--json FILE|-]
+                                              [--scenario max_age|done|rules|both|all]
+                                              [--json FILE|-]
 
 How the store is filled: as an agent would. The bench holds a control connection to
 the daemon (RUN_DIR/.vfsd/vfsd.sock, its own newline-JSON client so no process
@@ -22,6 +23,13 @@ chosen so that one step advance evicts exactly one batch:
   `setxattr user.vfsd.status done`, advances three times (nothing due) and once
   more (the batch is due). This checks that finding done files does not walk the
   older active ones.
+- rules: max_age's batches and advances, with rules by path and ages from the
+  last use in play: the policy is four rules (pins, a done retention, a glob
+  for logs, then `bench/**` with the max age, so every candidate is matched
+  against all four), and 1,000 source files written at step 0 are read (opened)
+  before every advance. They would be past the max age; read, they are young,
+  and the pass writes their 1,000 opens before it judges anything (counted in
+  the daemon's figure). An evicted source file is reported as a problem.
 
 Measured per advance: the control round trip of `set_step` (send to reply parsed)
 and, if the reply carries one, the daemon's own duration. Checked per advance: the
@@ -76,8 +84,16 @@ class EvictionRun:
         self.file_size = args.file_size
         self.writers = args.writers
         self.rng = random.Random(n_files)
+        self.sources: list[Path] = []
         if scenario == "max_age":
             policy = ("--max-age-steps", str(2 * self.batches - 1))
+        elif scenario == "rules":
+            rules = [{"path": "keep/**", "pin": True},
+                     {"path": "scratch/**", "done_retention_steps": 0},
+                     {"path": "**/*.log", "max_age_steps": 2 * self.batches - 1},
+                     {"path": "bench/**", "max_age_steps": 2 * self.batches - 1}]
+            policy = ("--max-age-steps", str(2 * self.batches - 1),
+                      "--eviction-rules", json.dumps(rules))
         else:
             policy = ("--max-age-steps", str(10**9), "--done-retention-steps", "3")
         self.mount = VfsdMount(base / f"run-{scenario}-{n_files}", (*policy, *args.vfsd_opt))
@@ -114,9 +130,23 @@ class EvictionRun:
             list(pool.map(write, range(BATCH)))
         return paths
 
+    def write_sources(self) -> None:
+        """The agent's working files, read before every measured advance (rules)."""
+        d = self.mount.root / "src"
+        d.mkdir()
+        self.sources = [d / f"mod_{i:04d}.py" for i in range(BATCH)]
+        for p in self.sources:
+            p.write_bytes(tool_output_text(self.rng, 500))
+
+    def read_sources(self) -> None:
+        with ThreadPoolExecutor(self.writers) as pool:
+            list(pool.map(lambda p: p.read_bytes(), self.sources))
+
     def fill(self) -> None:
         start = time.perf_counter()
-        if self.scenario == "max_age":
+        if self.scenario == "rules":
+            self.write_sources()
+        if self.scenario in ("max_age", "rules"):
             for j in range(self.batches):
                 self.set_step_untimed(2 * j)
                 self.write_batch()
@@ -133,12 +163,18 @@ class EvictionRun:
 
     def advance(self, expect: int) -> None:
         """Advance the step by one, timed; check the reply and the mount."""
+        if self.sources:
+            self.read_sources()
         self.step += 1
         rtt, report = self.client.timed_request("set_step", step=self.step)
         got = report.get("files", len(report.get("evicted", [])))
         if got != expect:
             self.problems.append(f"advance to {self.step} evicted {got} files, expected {expect}")
         gone = [self.mount.root / rec["path"].lstrip("/") for rec in report.get("evicted", [])]
+        sources = sum(1 for rec in report.get("evicted", []) if rec["path"].startswith("src/"))
+        if sources:
+            self.problems.append(f"advance to {self.step} evicted {sources} source files "
+                                 "read at every step")
         visible = [p for p in gone if p.exists()]
         if visible:
             time.sleep(0.2)  # a late kernel invalidation, or none at all?
@@ -171,7 +207,7 @@ class EvictionRun:
             self.client = ControlClient(self.mount.socket_path)
             self.fill()
             for _ in range(rounds):
-                (self.round_max_age if self.scenario == "max_age" else self.round_done)()
+                (self.round_done if self.scenario == "done" else self.round_max_age)()
             self.cli_step_seconds = self.time_cli_step()
             self.status = self.safe_status()
             self.mount.sample_rss()
@@ -299,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2,000 and 5,000 files, 3 rounds")
     ap.add_argument("--files", type=int, nargs="+", help="store sizes (multiples of 1,000)")
     ap.add_argument("--rounds", type=int, help="measured rounds per store (default 7, quick 3)")
-    ap.add_argument("--scenario", choices=("max_age", "done", "both"), default="both")
+    ap.add_argument("--scenario", choices=("max_age", "done", "rules", "both", "all"),
+                    default="all", help="both: max_age and done; all: the three")
     ap.add_argument("--file-size", type=int, default=2000, help="bytes per file")
     ap.add_argument("--writers", type=int, default=4, help="writer threads while filling")
     add_run_options(ap)
@@ -308,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(n % BATCH or n < BATCH for n in sizes):
         ap.error(f"--files must be multiples of {BATCH}")
     rounds = args.rounds or (3 if args.quick else 7)
-    scenarios = ("max_age", "done") if args.scenario == "both" else (args.scenario,)
+    scenarios = {"both": ("max_age", "done"), "all": ("max_age", "done", "rules")}.get(
+        args.scenario, (args.scenario,))
 
     if args.wait_quiet:
         load = wait_for_quiet(args.wait_quiet, 1800)

@@ -71,7 +71,9 @@ class InodeEntry:
 
 
 def pack_inode_entry(e: InodeEntry) -> bytes:
-    out = [_ENTRY_HEAD.pack(ENTRY_VERSION, INODE_SIZE), e.inode.pack(),
+    # The step of last use is left out (zero): it is no change of the tree, so
+    # reading files makes no snapshot work (`Store.mark_used`).
+    out = [_ENTRY_HEAD.pack(ENTRY_VERSION, INODE_SIZE), e.inode.pack()[:-8] + bytes(8),
            _U64.pack(e.parent), bytes((len(e.name),)), e.name,
            _U32.pack(len(e.blocks))]
     out += [_BLOCK.pack(idx, ref) for idx, ref in sorted(e.blocks.items())]
