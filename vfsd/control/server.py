@@ -673,35 +673,39 @@ class ControlServer:
         index = self.ops.evicted
         await self.ops.evicted_index_current()
         lost: list[str] = []
-
-        def items() -> list[tuple[int, str, str]]:
-            out: dict[str, tuple[int, str, str]] = {}
-            for path in paths:
-                rec = index.record(path, even_if_live=force)
-                recs = [rec] if rec else index.below(path, 100_000, even_if_live=force)[0]
-                if not recs:
-                    try:
-                        self.store.resolve_path(path)
-                    except errors.StoreError:
-                        raise RequestError("not_found", f"eviction never removed {path!r} "
-                                           "(nor anything below it)") from None
-                    raise RequestError("exists", f"{path!r} was not evicted: it is in the "
-                                       "live tree")
-                found = [(r, index.where(r)) for r in recs]
-                kept = [(r, f) for r, f in found if f]
-                if not kept:
-                    r = recs[0]
-                    raise RequestError("not_found", (
-                        f"{path!r} was evicted at step {r.get('evicted_step')} "
-                        f"({r.get('reason')}), but no retained snapshot holds "
-                        + ("that version" if rec else f"any of the {len(recs)} files below it")
-                        + ": its content is gone"))
-                lost.extend(r["path"] for r, f in found if not f)
-                for r, f in kept:
-                    out.setdefault(r["path"], (parse_id(f["id"]), f["path"], r["path"]))
-            return list(out.values())
-
-        res = await self.daemon.snapservice.restore_paths(items, force=force)
+        # Where each file is kept is looked up first, yielding between
+        # batches (a few thousand files take a while); the restore checks again
+        # that each snapshot is still retained.
+        out: dict[str, tuple[int, str, str]] = {}
+        for path in paths:
+            rec = index.record(path, even_if_live=force)
+            recs = [rec] if rec else index.below(path, 100_000, even_if_live=force)[0]
+            if not recs:
+                try:
+                    self.store.resolve_path(path)
+                except errors.StoreError:
+                    raise RequestError("not_found", f"eviction never removed {path!r} "
+                                       "(nor anything below it)") from None
+                raise RequestError("exists", f"{path!r} was not evicted: it is in the "
+                                   "live tree")
+            found = []
+            for n, r in enumerate(recs):
+                found.append((r, index.where(r)))
+                if n % 200 == 199:
+                    await trio.sleep(0)
+            kept = [(r, f) for r, f in found if f]
+            if not kept:
+                r = recs[0]
+                raise RequestError("not_found", (
+                    f"{path!r} was evicted at step {r.get('evicted_step')} "
+                    f"({r.get('reason')}), but no retained snapshot holds "
+                    + ("that version" if rec else f"any of the {len(recs)} files below it")
+                    + ": its content is gone"))
+            lost.extend(r["path"] for r, f in found if not f)
+            for r, f in kept:
+                out.setdefault(r["path"], (parse_id(f["id"]), f["path"], r["path"]))
+        items = list(out.values())
+        res = await self.daemon.snapservice.restore_paths(lambda: items, force=force)
         return {**res, "lost": sorted(set(lost))}
 
     def op_diff(self, req: dict) -> dict:
