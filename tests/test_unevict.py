@@ -170,3 +170,28 @@ def test_bad_requests_are_refused_and_change_nothing(gone):
     assert json.loads(proc.stdout)["restored"] == ["fresh.txt"]
     proc = vfsd_cli("restore", *cli, s2, "fresh.txt", check=False)
     assert proc.returncode == 0 and "1 file(s) already as the snapshot has them" in proc.stdout
+
+
+def test_unevict_brings_a_git_work_tree_back_whole(run_factory):
+    """A git work tree is a unit: evicted whole, and `vfsd unevict DIR` brings
+    every file of it back, so git works again."""
+    run = run_factory("git", "--max-age-steps", "2")
+    proj = run.root / "proj"
+    proj.mkdir()
+    (proj / "app.py").write_text("v1\n")
+    git = ["git", "-C", str(proj), "-c", "user.email=a@b.c", "-c", "user.name=a"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    vfsd_cli("snapshot", run.run_dir)
+    report = json.loads(vfsd_cli("step", run.run_dir, "5", "--json").stdout)
+    assert {r.get("unit") for r in report["evicted"]} == {"proj"}
+    assert subprocess.run([*git, "status"], capture_output=True).returncode != 0
+    proc = vfsd_cli("unevict", run.run_dir, str(proj))
+    assert f"brought back {report['files']} file(s) from s1" in proc.stdout
+    status = subprocess.run([*git, "status", "--short"], capture_output=True, text=True,
+                            check=True)
+    assert status.stdout == ""
+    log = subprocess.run([*git, "log", "--format=%s"], capture_output=True, text=True,
+                         check=True)
+    assert log.stdout == "first\n"
