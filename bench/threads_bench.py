@@ -384,6 +384,8 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                     peak[key] = max(peak[key], got[key])
 
             model = conversation_model(script)
+            gc.collect()
+            own_before = _smaps(os.getpid()).get("RssAnon", 0)
             threads = [f"bench-{count}-{uuid.uuid4().hex[:8]}-{i}" for i in range(count)]
             loop = asyncio.new_event_loop()
             loop.set_default_executor(ThreadPoolExecutor(max_workers=active + 8))
@@ -408,6 +410,8 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                 elapsed = time.perf_counter() - t_all
                 sample(force=True)
                 end_memory = vfsd_memory(vfsd_processes(work))
+                gc.collect()
+                own_growth = (_smaps(os.getpid()).get("RssAnon", 0) - own_before) / 2**20
                 first_write = [timings.first_write[t] - starts[t] for t in threads
                                if t in timings.first_write]
                 out = {
@@ -416,6 +420,9 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                     "peak_vfsd_rss_anon_mib": peak["rss_anon_mib"],
                     "peak_vfsd_processes": peak["processes"],
                     "end_vfsd_pss_mib": end_memory["pss_mib"],
+                    # The agent's own process: where StateBackend keeps the files (in the
+                    # checkpoints), and what a Runs costs the server in bookkeeping.
+                    "agent_process_growth_mib": own_growth,
                     "first_write_ms": {"p50": pct(first_write, 0.5) * 1e3,
                                        "p95": pct(first_write, 0.95) * 1e3},
                     "calls_ms": {kind: {"n": len(v), "p50": pct(v, 0.5) * 1e3,
@@ -473,9 +480,9 @@ def print_shapes(s: dict) -> None:
 
 def print_threads(rows: list[dict]) -> None:
     print("\n| threads (active) | backend | vfsd processes, Pss peak / end | first write p50 / p95 "
-          "| write_file p50 / p95 | read_file p50 / p95 | execute p50 / p95 | idle thread's "
+          "| agent process growth | write_file p50 / p95 | read_file p50 / p95 | execute p50 / p95 | idle thread's "
           "first call p50 / p95 |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         for variant in ("vfsd", "state"):
             r = row[variant]
@@ -490,6 +497,7 @@ def print_threads(rows: list[dict]) -> None:
                   f"{r['peak_vfsd_pss_mib']:.0f} / {r['end_vfsd_pss_mib']:.0f} MiB "
                   f"({r['peak_vfsd_processes']} processes) | "
                   f"{r['first_write_ms']['p50']:.0f} / {r['first_write_ms']['p95']:.0f} ms | "
+                  f"{r['agent_process_growth_mib']:+.0f} MiB | "
                   f"{cell('write_file')} | {cell('read_file')} | {cell('execute')} | "
                   + (f"{resumed['p50']:.0f} / {resumed['p95']:.0f} ms |" if resumed else "- |"))
 

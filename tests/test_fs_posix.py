@@ -595,3 +595,51 @@ def test_vfsd_xattrs(xattr_run):
     assert os.getxattr(root / "s", "user.vfsd.hash").decode() == content_hash(
         small[:10]
     )
+
+
+def test_readdir_lists_dot_and_dotdot_as_ext4_does(run):
+    sub = run.root / "d" / "e"
+    sub.mkdir(parents=True)
+    for i in range(300):  # more than one reply buffer: the cookies after the dots hold
+        (sub / f"f{i:03d}").touch()
+    # ls -a: the two entries first, with the inode numbers stat gives them.
+    out = subprocess.run(["ls", "-aif", str(sub)], capture_output=True, text=True, check=True,
+                         timeout=30).stdout.split("\n")
+    listed = [line.split(maxsplit=1) for line in out if line.strip()]
+    assert [name for _, name in listed[:2]] == [".", ".."], listed[:3]
+    assert int(listed[0][0]) == os.stat(sub).st_ino
+    assert int(listed[1][0]) == os.stat(sub.parent).st_ino
+    assert sorted(name for _, name in listed[2:]) == [f"f{i:03d}" for i in range(300)]
+    # find counts no extra entries, and the root and .vfsd list them too.
+    assert subprocess.run(["find", str(sub)], capture_output=True, text=True, check=True,
+                          timeout=30).stdout.count("\n") == 301
+    for d in (run.root, run.root / ".vfsd", run.root / ".vfsd" / "snapshots"):
+        names = subprocess.run(["ls", "-af", str(d)], capture_output=True, text=True,
+                               check=True, timeout=30).stdout.split()
+        assert names[:2] == [".", ".."] and ".." not in names[2:], (d, names)
+    # A listing resumed with seekdir() from telldir() after the dots goes on where it was.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.opendir.restype = ctypes.c_void_p
+    libc.readdir.restype = ctypes.c_void_p
+    libc.readdir.argtypes = libc.telldir.argtypes = libc.closedir.argtypes = [ctypes.c_void_p]
+    libc.telldir.restype = ctypes.c_long
+    libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    name_offset = 19  # struct dirent64: d_ino 8, d_off 8, d_reclen 2, d_type 1, d_name
+
+    def names(dirp, n):
+        got = []
+        for _ in range(n):
+            ent = libc.readdir(dirp)
+            assert ent, ctypes.get_errno()
+            got.append(ctypes.string_at(ent + name_offset).decode())
+        return got
+
+    dirp = libc.opendir(str(sub).encode())
+    try:
+        first = names(dirp, 3)
+        pos = libc.telldir(dirp)
+        after = names(dirp, 2)
+        libc.seekdir(dirp, pos)
+        assert names(dirp, 2) == after and first[:2] == [".", ".."]
+    finally:
+        libc.closedir(dirp)

@@ -35,6 +35,9 @@ from .openfiles import OpenFiles, hash_hot_blocks
 from .provenance import Provenance
 from .tracer import Tracer
 
+#: `.` and `..`, the first two entries of every directory listing
+DOT_ENTRIES = 2
+
 log = structlog.get_logger("vfsd.fs")
 
 XATTR_PREFIX = b"user.vfsd."
@@ -941,10 +944,54 @@ class VfsdOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         return ino
 
+    def _dot_entry(self, ino: int) -> pyfuse3.EntryAttributes:
+        # The kernel takes no lookup for `.` and `..` and ignores their
+        # attributes (READDIRPLUS too): the inode number and type are what count.
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = ino
+        e.st_mode = stat.S_IFDIR | 0o755
+        return e
+
+    def _parent_for_dots(self, fh: int) -> int:
+        """The inode number a directory's `..` entry names (the root's own at the root)."""
+        if fh == snapview.DIR_INO:
+            return ctldir.DIR_INO
+        if snapview.is_snap(fh):
+            return snapview.DIR_INO if self._snapview().is_root(fh) else fh
+        if fh == ctldir.DIR_INO or fh in ctldir.SANDBOX_INOS:
+            return pyfuse3.ROOT_INODE
+        if ctldir.is_mirror(fh):
+            below = ctldir.mirrored(fh)
+            if below == self.root:
+                return ctldir.DIR_INO
+            names = self.store.names_of(below)
+            return ctldir.mirror_of(names[0][0]) if names else fh
+        if fh == self.root:
+            return fh
+        names = self.store.names_of(fh)
+        return self._fuse_ino(names[0][0]) if names else fh
+
     @_guard
     async def readdir(self, fh, start_id, token):
+        # `.` and `..` first, as ext4 lists them (ls -a, readdir(3) users,
+        # programs that count entries); they take cookies 1 and 2, so every
+        # other entry's cookie is its own offset plus DOT_ENTRIES.
+        if start_id < DOT_ENTRIES:
+            dots = ((b".", fh), (b"..", self._parent_for_dots(fh)))
+            for cookie, (name, ino) in enumerate(dots, 1):
+                if cookie > start_id and not pyfuse3.readdir_reply(
+                        token, name, self._dot_entry(ino), cookie):
+                    return
+        start_id = max(0, start_id - DOT_ENTRIES)
+
+        def reply(name, entry, cookie) -> bool:
+            return pyfuse3.readdir_reply(token, name, entry, cookie + DOT_ENTRIES)
+
+        self._readdir_after_dots(fh, start_id, reply)
+
+    def _readdir_after_dots(self, fh, start_id, reply) -> None:
         if fh == snapview.DIR_INO or snapview.is_snap(fh):
-            self._snapview().readdir(fh, start_id, token)
+            self._snapview().readdir(fh, start_id, reply)
             return
         if evictedview.is_evicted(fh):
             await self._evictedview().readdir(fh, start_id, token)
@@ -957,7 +1004,7 @@ class VfsdOperations(pyfuse3.Operations):
             if self.evictedview is not None:
                 items.append((evictedview.NAME, self.evictedview.dir_entry()))
             for i, (name, entry) in enumerate(items):
-                if i >= start_id and not pyfuse3.readdir_reply(token, name, entry, i + 1):
+                if i >= start_id and not reply(name, entry, i + 1):
                     return
             return
         if fh in ctldir.SANDBOX_INOS:
@@ -970,9 +1017,7 @@ class VfsdOperations(pyfuse3.Operations):
                     if not (inode.is_dir or inode.is_reg):
                         continue
                     # The kernel counts lookups of these too; forget ignores them.
-                    if not pyfuse3.readdir_reply(
-                            token, name, self._ctl_entry(ctldir.mirror_of(inode.ino), inode),
-                            cookie):
+                    if not reply(name, self._ctl_entry(ctldir.mirror_of(inode.ino), inode), cookie):
                         return
             return
         after = start_id
@@ -982,8 +1027,7 @@ class VfsdOperations(pyfuse3.Operations):
                 return
             for cookie, name, inode in batch:
                 of = self.files.get(inode.ino)
-                if not pyfuse3.readdir_reply(token, name, self._entry(of.inode if of else inode),
-                                             cookie):
+                if not reply(name, self._entry(of.inode if of else inode), cookie):
                     return
                 # READDIRPLUS: an entry the kernel took is a lookup it will forget.
                 self.lookups[inode.ino] = self.lookups.get(inode.ino, 0) + 1

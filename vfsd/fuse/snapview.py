@@ -130,7 +130,12 @@ class SnapshotView:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._entry(seq, child)
 
-    def readdir(self, fuse_ino: int, start: int, token) -> None:
+    def is_root(self, fuse_ino: int) -> bool:
+        """Whether `fuse_ino` is a snapshot's root directory (`.vfsd/snapshots/sN`)."""
+        return self._decode(fuse_ino)[1] == ROOT_INO
+
+    def readdir(self, fuse_ino: int, start: int, reply) -> None:
+        """List a directory; `reply(name, entry, cookie)` is pyfuse3.readdir_reply's part."""
         if fuse_ino == DIR_INO:
             snaps = [(s["id"].encode(), s["seq"], ROOT_INO) for s in self.snaps.list()]
             items = iter(snaps[start:])
@@ -143,7 +148,7 @@ class SnapshotView:
                 entry = self._entry(seq, child)
             except pyfuse3.FUSEError:
                 continue
-            if not pyfuse3.readdir_reply(token, name, entry, i + 1):
+            if not reply(name, entry, i + 1):
                 return
 
     def _listing(self, seq: int, ino: int) -> list[tuple[bytes, int]]:
