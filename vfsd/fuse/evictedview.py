@@ -107,7 +107,8 @@ class EvictedView:
         self._path(ino)
         return ino
 
-    async def readdir(self, fh: int, start: int, token) -> None:
+    async def readdir(self, fh: int, start: int, reply) -> None:
+        """List a directory; `reply(name, entry, cookie)` is pyfuse3.readdir_reply's part."""
         await self._current()
         base = self._path(fh)
         items = self.index.children(base)
@@ -115,8 +116,8 @@ class EvictedView:
             path = f"{base}/{name}" if base else name
             if not is_dir and self.index.record(path) is None:
                 continue  # lives again
-            if not pyfuse3.readdir_reply(token, name.encode(errors="surrogateescape"),
-                                         self._entry(path, is_dir), i + 1):
+            if not reply(name.encode(errors="surrogateescape"), self._entry(path, is_dir),
+                         i + 1):
                 return
 
     async def open(self, ino: int, flags: int) -> pyfuse3.FileInfo:

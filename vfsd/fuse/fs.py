@@ -958,6 +958,8 @@ class VfsdOperations(pyfuse3.Operations):
             return ctldir.DIR_INO
         if snapview.is_snap(fh):
             return snapview.DIR_INO if self._snapview().is_root(fh) else fh
+        if evictedview.is_evicted(fh):
+            return ctldir.DIR_INO if fh == evictedview.DIR_INO else fh
         if fh == ctldir.DIR_INO or fh in ctldir.SANDBOX_INOS:
             return pyfuse3.ROOT_INODE
         if ctldir.is_mirror(fh):
@@ -987,14 +989,14 @@ class VfsdOperations(pyfuse3.Operations):
         def reply(name, entry, cookie) -> bool:
             return pyfuse3.readdir_reply(token, name, entry, cookie + DOT_ENTRIES)
 
-        self._readdir_after_dots(fh, start_id, reply)
+        await self._readdir_after_dots(fh, start_id, reply)
 
-    def _readdir_after_dots(self, fh, start_id, reply) -> None:
+    async def _readdir_after_dots(self, fh, start_id, reply) -> None:
         if fh == snapview.DIR_INO or snapview.is_snap(fh):
             self._snapview().readdir(fh, start_id, reply)
             return
         if evictedview.is_evicted(fh):
-            await self._evictedview().readdir(fh, start_id, token)
+            await self._evictedview().readdir(fh, start_id, reply)
             return
         if fh == ctldir.DIR_INO:
             items = [(name, self._ctl_entry(ino)) for name, ino in ctldir.FILES.items()]
