@@ -111,6 +111,37 @@ def progress(total: int | None, desc: str, unit: str = "it", enabled: bool = Tru
         yield _NoBar()
 
 
+@contextmanager
+def phase_progress(enabled: bool = True, unit: str = "it"):
+    """A callback `tell(phase, done, total)` that keeps one progress bar per
+    phase of a long job (total None: not known yet), on stderr when it is a
+    terminal and `enabled`; a no-op otherwise."""
+    if not (enabled and sys.stderr.isatty()):
+        yield lambda phase, done, total: None
+        return
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+
+    def tell(phase: str, done: int, total: int | None) -> None:
+        bar = bars.get(phase)
+        if bar is None:
+            for other in bars.values():
+                other.close()
+            bar = bars[phase] = tqdm(total=total, desc=phase, unit=unit, file=sys.stderr,
+                                     leave=False, unit_scale=unit == "B",
+                                     unit_divisor=1024 if unit == "B" else 1000)
+        if total is not None and bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield tell
+    finally:
+        for bar in bars.values():
+            bar.close()
+
+
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass

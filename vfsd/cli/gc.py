@@ -11,7 +11,7 @@ import click
 from vfsd.config import ConfigError, load_config
 from vfsd.rundir import RunDir, pid_alive
 
-from .common import call, cli, emit, fail, human, json_option, rows
+from .common import call, cli, emit, fail, human, json_option, phase_progress, rows
 
 
 @cli.command()
@@ -50,7 +50,7 @@ def gc(target: Path | None, remote_url: str | None, bucket: bool, grace: float |
         # A shared store: the daemons of its run dirs each hold one volume, and
         # chunk files are shared store-wide, so the sweep runs here, under the
         # same locks as with a run dir (a compaction needs every volume free).
-        emit(_gc_offline(Path(target), None, do_compact), as_json, _gc_text)
+        emit(_gc_offline(Path(target), None, do_compact, as_json), as_json, _gc_text)
         return
     run = RunDir(target)
     if bucket:
@@ -65,7 +65,7 @@ def gc(target: Path | None, remote_url: str | None, bucket: bool, grace: float |
         result = call(target, "gc")
     else:
         store_dir, volume = run.store_location()
-        result = _gc_offline(store_dir, volume, do_compact)
+        result = _gc_offline(store_dir, volume, do_compact, as_json)
     emit(result, as_json, _gc_text)
 
 
@@ -95,7 +95,8 @@ def _sweep_text(doc: dict) -> str:
     return rows(pairs)
 
 
-def _gc_offline(store_dir: Path, volume: str | None, do_compact: bool) -> dict:
+def _gc_offline(store_dir: Path, volume: str | None, do_compact: bool,
+                as_json: bool = False) -> dict:
     """gc (and compaction) of a store no daemon of this run dir uses, in this process.
     `volume` None: a store directory named on the command line (no volume opened)."""
     from vfsd.errors import StoreLocked, StoreVersionError
@@ -133,7 +134,8 @@ def _gc_offline(store_dir: Path, volume: str | None, do_compact: bool) -> dict:
             os.close(hold)
         if do_compact:
             try:
-                result.update(compact.compact(store_dir))
+                with phase_progress(enabled=not as_json, unit="B") as tell:
+                    result.update(compact.compact(store_dir, on_progress=tell))
             except StoreLocked as exc:
                 fail(str(exc))
     finally:
@@ -171,8 +173,9 @@ def _gc_bucket(url_text: str, grace: float | None, dry_run: bool,
 
     store, config = remote_store(url_text, config_path)
     try:
-        report = sweep(store, grace=grace if grace is not None else config.remote_gc_grace,
-                       dry_run=dry_run)
+        with phase_progress(enabled=not as_json) as tell:
+            report = sweep(store, grace=grace if grace is not None else config.remote_gc_grace,
+                           dry_run=dry_run, on_progress=tell)
     except (GcError, RemoteError) as exc:
         fail(str(exc))
     finally:

@@ -87,7 +87,8 @@ class SweepReport:
 
 def sweep(store: ObjectStore, *, grace: float, dry_run: bool = False, ttl: float = 30.0,
           workers: int = 8, wait: float = 0.0,
-          on_marked: Callable[[], None] | None = None) -> SweepReport:
+          on_marked: Callable[[], None] | None = None,
+          on_progress: Callable[[str, int, int | None], None] | None = None) -> SweepReport:
     """Mark and sweep the bucket prefix of `store`; see the module docstring.
 
     `wait`: seconds to wait for another sweep's lease (or a damaged lease
@@ -96,7 +97,11 @@ def sweep(store: ObjectStore, *, grace: float, dry_run: bool = False, ttl: float
     delete request is given up before the lease would lapse (GcError then:
     nothing is deleted after it). `on_marked` is called once marking is done,
     before any deletion (for tests that need a sweep to stand still there).
+    `on_progress(phase, done, total)` is told how far each phase got
+    ("manifests": read of those listed, "chunks": listed, total unknown), for
+    a progress bar.
     """
+    tell = on_progress or (lambda phase, done, total: None)
     if not isinstance(grace, int | float) or isinstance(grace, bool) or grace < MIN_GRACE:
         raise GcError(f"the grace period must be at least {MIN_GRACE:g} s, got {grace!r}")
     started = time.monotonic()
@@ -110,13 +115,13 @@ def sweep(store: ObjectStore, *, grace: float, dry_run: bool = False, ttl: float
         raise GcBusy(f"another GC sweep is running on {store.url} ({exc})") from None
     try:
         t0 = _server_now(store)
-        marked, stale = _mark(store, lease, t0, report, workers)
+        marked, stale = _mark(store, lease, t0, report, workers, tell)
         report.marked = len(marked)
         if on_marked is not None:
             on_marked()
         if stale and not dry_run:
             _delete(store, lease, stale)
-        _sweep_chunks(store, lease, t0, grace, marked, report)
+        _sweep_chunks(store, lease, t0, grace, marked, report, tell)
     except LeaseLost as exc:
         raise GcError(f"the sweep lost its lease and stopped deleting ({exc})") from None
     finally:
@@ -193,7 +198,8 @@ def _list_runs(store: ObjectStore, lease: Lease, t0: float, runs: set[str],
 
 
 def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
-          workers: int) -> tuple[set[bytes], list[str]]:
+          workers: int, tell: Callable[[str, int, int | None], None]
+          ) -> tuple[set[bytes], list[str]]:
     """(digests named by live intents and every manifest under the prefix, stale intents).
 
     Lists `runs/` again until a listing shows no intent or manifest that was
@@ -243,8 +249,10 @@ def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
             for got in pool.map(read_intent, intents):
                 marked |= got
             _keep_alive(lease)
+            done = report.manifests - len(manifests)
             for n, got in enumerate(pool.map(read_manifest, manifests)):
                 marked |= got
+                tell("manifests", done + n + 1, report.manifests)
                 if n % 64 == 0:
                     _keep_alive(lease)
         else:
@@ -257,7 +265,8 @@ def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
 
 
 def _sweep_chunks(store: ObjectStore, lease: Lease, t0: float, grace: float,
-                  marked: set[bytes], report: SweepReport) -> None:
+                  marked: set[bytes], report: SweepReport,
+                  tell: Callable[[str, int, int | None], None]) -> None:
     batch: list[tuple[str, int]] = []
 
     def flush() -> None:
@@ -275,6 +284,8 @@ def _sweep_chunks(store: ObjectStore, lease: Lease, t0: float, grace: float,
     for n, info in enumerate(store.list(CHUNKS_DIR + "/")):
         if n % 1000 == 0:
             _keep_alive(lease)
+        if n % 100 == 0:
+            tell("chunks", n, None)
         digest = digest_of_chunk_key(info.key)
         if digest is None:
             continue
@@ -289,3 +300,4 @@ def _sweep_chunks(store: ObjectStore, lease: Lease, t0: float, grace: float,
         if len(batch) >= DELETE_BATCH:
             flush()
     flush()
+    tell("chunks", report.chunks, report.chunks)

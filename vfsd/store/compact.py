@@ -16,9 +16,11 @@ not enough, since a run dir that never used the store has none yet.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import lmdb
@@ -74,13 +76,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def compact(store_dir: Path) -> dict[str, int]:
+def compact(store_dir: Path, on_progress=None) -> dict[str, int]:
     """Compact `store_dir/lmdb`; the sizes before and after, in bytes.
 
     Raises StoreLocked while any process has the store open for writing. A
     crash at any point leaves either the old file or the new one in place
     under `lmdb/` (plus a leftover `lmdb.compact/` or `lmdb.old/` that the
     next opener removes, see `recover`).
+    `on_progress("compact", bytes_written, bytes_expected)` is told how the
+    copy goes (a progress bar), a few times a second.
     """
     fd = _lock_file(store_dir)
     try:
@@ -91,12 +95,12 @@ def compact(store_dir: Path) -> dict[str, int]:
                 f"store {store_dir} is in use (a daemon or another vfsd command has it "
                 "open): stop it to compact the store") from None
         recover(store_dir)
-        return _compact(Path(store_dir))
+        return _compact(Path(store_dir), on_progress)
     finally:
         os.close(fd)
 
 
-def _compact(store_dir: Path) -> dict[str, int]:
+def _compact(store_dir: Path, on_progress=None) -> dict[str, int]:
     live = store_dir / "lmdb"
     new = store_dir / "lmdb.compact"
     old = store_dir / "lmdb.old"
@@ -104,7 +108,10 @@ def _compact(store_dir: Path) -> dict[str, int]:
     new.mkdir(mode=0o700)
     env = lmdb.open(str(live), readonly=True, lock=True, max_dbs=64)
     try:
-        env.copy(str(new), compact=True)
+        if on_progress is None:
+            env.copy(str(new), compact=True)
+        else:
+            _copy_watched(env, new, on_progress)
     except lmdb.Error as exc:
         shutil.rmtree(new, ignore_errors=True)
         raise errors.Corrupt(f"cannot copy the store's LMDB file: {exc}") from None
@@ -121,6 +128,29 @@ def _compact(store_dir: Path) -> dict[str, int]:
     _fsync_dir(store_dir)
     shutil.rmtree(old, ignore_errors=True)
     return {"before_bytes": before, "after_bytes": (live / "data.mdb").stat().st_size}
+
+
+def _copy_watched(env, new: Path, on_progress) -> None:
+    """env.copy in a thread (it releases the GIL), the copy's size reported meanwhile."""
+    info, stat = env.info(), env.stat()
+    expected = (info["last_pgno"] + 1) * stat["psize"]  # an upper bound: free pages are not copied
+    failed: list[BaseException] = []
+
+    def copy() -> None:
+        try:
+            env.copy(str(new), compact=True)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+            failed.append(exc)
+
+    worker = threading.Thread(target=copy, name="vfsd-compact")
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)
+        with contextlib.suppress(OSError):
+            on_progress("compact", min(expected, (new / "data.mdb").stat().st_size), expected)
+    if failed:
+        raise failed[0]
+    on_progress("compact", expected, expected)
 
 
 def recover(store_dir: Path) -> None:
