@@ -93,6 +93,7 @@ from .refs import FileRef
 from .runs import Runs, lease
 from .sandbox import (
     DEFAULT_ENV_ALLOWLIST,
+    TMP_DIR,
     ExecLimits,
     RunResult,
     Sandbox,
@@ -186,6 +187,7 @@ class VfsdBackend(SandboxBackendProtocol):
         limits: ExecLimits | None = None,
         env_allowlist: Iterable[str] = DEFAULT_ENV_ALLOWLIST,
         bwrap: str = "bwrap",
+        tmp: str = "run",
     ) -> None:
         if not isinstance(files, Mount | Runs):
             raise TypeError(f"files must be a mount_tool Mount or Runs, not {type(files)!r}")
@@ -207,6 +209,7 @@ class VfsdBackend(SandboxBackendProtocol):
             "env": dict(env or {}),
             "env_allowlist": tuple(env_allowlist),
             "bwrap": bwrap,
+            "tmp": tmp,
         }
         # What every run's sandbox shares (limits, isolation, the prompt note).
         self._template = Sandbox(files.root, **self._sandbox_options)
@@ -217,7 +220,9 @@ class VfsdBackend(SandboxBackendProtocol):
         # file tools honour them too and both see the same files the same way.
         self._dac = isolation == "bwrap" and os.geteuid() == 0
         if isinstance(files, Mount):
-            reason = self._view(files).sandbox.unavailable_reason()
+            # Only what needs no probe: the probe claims the mount's sandbox
+            # names, which waits for the first command.
+            reason = self._view(files).sandbox.missing_binary()
             if reason:
                 logger.warning("%s", reason)
 
@@ -321,7 +326,7 @@ class VfsdBackend(SandboxBackendProtocol):
         v.mount.resolve_path(relative)
         normalized = os.path.normpath("/" + relative)
         normalized = "/" if normalized in ("/.", "//") else normalized
-        reason = reserved_reason(normalized)
+        reason = reserved_reason(normalized, v.sandbox.tmp)
         if reason:
             raise ValueError(reason)
         return normalized
@@ -542,6 +547,8 @@ class VfsdBackend(SandboxBackendProtocol):
                 return
             registered.append(reply["key"])
 
+        scratch = v.sandbox.isolation == "bwrap" and v.sandbox.tmp == "run"
+        started = v.mount.get_step() if scratch else 0
         try:
             result = v.sandbox.run(command, timeout, on_confined=confined)
         except SandboxUnavailable as exc:
@@ -550,6 +557,8 @@ class VfsdBackend(SandboxBackendProtocol):
             for key in registered:
                 with contextlib.suppress(ControlError, OSError, ValueError):
                     v.mount.client.call("call_end", key=key)
+        if scratch:
+            _retire_scratch(v.mount, started)
         output = _describe_run(result, v.sandbox.limits, timeout)
         try:
             output = offload_tool_output(
@@ -564,6 +573,19 @@ class VfsdBackend(SandboxBackendProtocol):
             # The command ran: its output must reach the agent, cut if need be.
             output = cut_unsaved(output, exc, threshold_tokens=self.offload_threshold_tokens)
         return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=result.truncated)
+
+
+def _retire_scratch(m: Mount, since_step: int) -> None:
+    """Mark what is new in the run's /tmp done, so the daemon evicts it like any
+    finished file (`done_retention_steps` after it was last written)."""
+    try:
+        changed = m.changes(since_step)["changed"]
+        for ref in changed:
+            if ref["path"].startswith(f"{TMP_DIR}/") and ref.get("status") != "done":
+                with contextlib.suppress(ControlError):  # gone since: nothing to mark
+                    m.set_status(ref, "done")
+    except (ControlError, OSError, ValueError) as exc:  # the command ran: say, never fail
+        logger.warning("execute: could not mark the files left in /tmp done: %s", exc)
 
 
 def _describe_run(result: RunResult, limits: ExecLimits, timeout: float | None) -> str:
@@ -1001,7 +1023,8 @@ def _has_big_args(response: Any, threshold: int) -> bool:
 
 
 def _is_staged(key: str) -> bool:
-    return key == f"/{STAGING_DIR}" or key.startswith(f"/{STAGING_DIR}/")
+    """Staged arguments and the sandbox's /tmp: the mount's, never the state's."""
+    return any(key == f"/{d}" or key.startswith(f"/{d}/") for d in (STAGING_DIR, TMP_DIR))
 
 
 def _with_markers(message: AIMessage, replaced: dict[str, dict[str, str]]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from .errors import (
 )
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
+from .sandbox import SANDBOX_DIRS, reserved_reason
 from .spawn import run_vfsd
 
 STATUSES = ("active", "done")
@@ -49,6 +50,15 @@ SNAPSHOTS_DIR = ".vfsd/snapshots"
 NOT_IN_SNAPSHOTS = "no retained snapshot holds that version"
 #: seconds `sync` waits for the daemon's answer beyond the publication timeout
 SYNC_GRACE_SECONDS = 10.0
+
+
+def _sandbox_reason(rel: str, exc: OSError) -> str | None:
+    """The file tools' reason when a write under a sandbox mount point (a
+    read-only virtual directory once a sandbox claimed it) failed because of it."""
+    if exc.errno not in (errno.EROFS, errno.EEXIST, errno.EPERM):
+        return None
+    top = rel.split("/", 1)[0]
+    return reserved_reason("/" + rel) if top in SANDBOX_DIRS else None
 
 
 def _not_regular(rel: str) -> OSError:
@@ -245,6 +255,9 @@ class Mount:
         meanwhile makes the write fail with ValueError, never land outside.
         A FIFO, socket or device at `path` is refused at once (OSError EINVAL,
         "not a regular file"): nothing is truncated, written or waited for.
+        Under a mount point of the execute sandbox (`etc/...`, `usr/...`, once
+        a sandbox has claimed them) it is ValueError with the reason, as the
+        Deep Agents file tools give it.
         """
         rel = self.relative(path)
         if isinstance(data, str):
@@ -252,19 +265,13 @@ class Mount:
         parts = relative_parts(rel)
         if not parts:
             raise IsADirectoryError(str(self.root))
-        with self.root_fd() as root:
-            dir_fd = _confined(lambda: makedirs_beneath(root, b"/".join(parts[:-1])), rel)
-            try:
-                # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
-                fd = _confined(lambda: open_beneath(
-                    dir_fd, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY,
-                    0o644, follow_symlinks=False), rel, symlinks_refused=True)
-            except OSError as exc:
-                if exc.errno != errno.ENXIO:
-                    raise
-                raise _not_regular(rel) from None
-            finally:
-                os.close(dir_fd)
+        try:
+            fd = self._create(rel, parts)
+        except OSError as exc:
+            reason = _sandbox_reason(rel, exc)
+            if reason is None:
+                raise
+            raise ValueError(reason) from exc
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise _not_regular(rel)
@@ -285,6 +292,22 @@ class Mount:
                 "(another writer?)"
             )
         return ref
+
+    def _create(self, rel: str, parts: list[bytes]) -> int:
+        """An fd open for writing on `rel`, made with its parents, beneath the root."""
+        with self.root_fd() as root:
+            dir_fd = _confined(lambda: makedirs_beneath(root, b"/".join(parts[:-1])), rel)
+            try:
+                # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
+                return _confined(lambda: open_beneath(
+                    dir_fd, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY,
+                    0o644, follow_symlinks=False), rel, symlinks_refused=True)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                raise _not_regular(rel) from None
+            finally:
+                os.close(dir_fd)
 
     def _ref_written(self, rel: str, ino: int) -> FileRef:
         """The ref of the file just written through inode `ino`: by its path,

@@ -8,10 +8,17 @@ namespaces, where:
   one path space (`/app/main.py` is `RUN_DIR/fs/app/main.py` for both), and
   commands start in `/`;
 - /usr, /bin, /sbin, /lib* and /etc are the host's, read-only, with the
-  secrets /etc holds masked; /tmp and /run are private tmpfs, fresh for each
-  call; /proc shows the sandbox's own processes, /dev a minimal set of devices.
+  secrets /etc holds masked; /run is a private tmpfs, fresh for each call;
+  /proc shows the sandbox's own processes, /dev a minimal set of devices.
   The daemon serves those mount points as hidden virtual directories
-  (vfsd/fuse/ctldir.py), so the user's tree never gains entries for them;
+  (vfsd/fuse/ctldir.py) once the sandbox claims them before its first
+  command, so the user's tree never gains entries for them, and a mount
+  whose user never runs a command keeps every name ordinary;
+- /tmp is the run's own `tmp` directory (`tmp="run"`, the default): kept from
+  one call to the next, as models expect, and the same files for the file
+  tools (`/tmp/x` is `RUN_DIR/fs/tmp/x`); VfsdBackend marks what commands
+  leave there `done`, so the daemon evicts it like any finished file.
+  `tmp="call"` gives each call a fresh private tmpfs instead;
 - the command's PID namespace ends with the call: every process it started,
   detached ones included, is gone when `run` returns;
 - there is no network unless asked for (a network namespace with only
@@ -57,8 +64,14 @@ ISOLATION_MODES = ("bwrap", "none")
 #: Mount points the sandbox needs at the root of the run's files. The daemon
 #: serves exactly these as hidden virtual directories (vfsd/fuse/ctldir.py).
 SANDBOX_DIRS = (
-    "bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "tmp", "usr",
+    "bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "usr",
 )
+#: The root directory that is the sandbox's /tmp (a real one, with either mode).
+TMP_DIR = "tmp"
+#: "run": /tmp is the run's `tmp` directory, kept across calls; "call": a fresh tmpfs per call.
+TMP_MODES = ("run", "call")
+#: Set on the mount root: the daemon serves SANDBOX_DIRS from then on.
+CLAIM_XATTR = "user.vfsd.sandbox"
 #: Host directories bound read-only when the host has them.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 #: Files and directories under /etc that hold secrets: hidden from commands.
@@ -93,7 +106,7 @@ class ExecLimits:
     means none); `cpu_seconds` bounds the CPU time of all the command's
     processes together (and of each one); `memory_bytes` their memory;
     `processes` how many may exist at once; `output_bytes` how much output is
-    kept; `tmp_bytes` the size of the private /tmp.
+    kept; `tmp_bytes` the size of the private /tmp (with `tmp="call"`).
     """
 
     timeout: float = 120
@@ -123,16 +136,23 @@ class RunResult:
     notes: list[str] = field(default_factory=list)  # limits that bit, in words
 
 
-def reserved_reason(virtual_path: str) -> str | None:
+def reserved_reason(virtual_path: str, tmp: str = "run") -> str | None:
     """Why the file tools may not use `virtual_path`, or None when they may.
 
     Its first component is one of the sandbox's mount points: inside the
     sandbox that path is the system's (or private), not the run's files.
+    /tmp is the run's own directory unless `tmp` is "call".
     """
     top = virtual_path.strip("/").split("/", 1)[0]
+    if top == TMP_DIR and tmp == "call":
+        return (
+            "/tmp is private to each execute call (tmp=\"call\": a fresh tmpfs, emptied when "
+            "the call returns), not part of the run's files; keep files under another "
+            "top-level directory (for example /work)"
+        )
     if top not in SANDBOX_DIRS:
         return None
-    if top in ("tmp", "run"):
+    if top == "run":
         what = "private to each execute call (a fresh tmpfs, emptied when the call returns)"
     elif top in ("proc", "dev"):
         what = f"the sandbox's own /{top}"
@@ -158,12 +178,16 @@ class Sandbox:
         env_allowlist: tuple[str, ...] | list[str] = DEFAULT_ENV_ALLOWLIST,
         bwrap: str = "bwrap",
         use_cgroups: bool = True,
+        tmp: str = "run",
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise ValueError(
                 f"isolation must be one of {', '.join(map(repr, ISOLATION_MODES))}, "
                 f"got {isolation!r}"
             )
+        if tmp not in TMP_MODES:
+            raise ValueError(f"tmp must be one of {', '.join(map(repr, TMP_MODES))}, got {tmp!r}")
+        self.tmp = tmp
         self.root = Path(os.path.realpath(root))
         self.isolation = isolation
         self.network = bool(network)
@@ -192,6 +216,13 @@ class Sandbox:
         if reason:
             raise SandboxUnavailable(reason)
 
+    def missing_binary(self) -> str | None:
+        """`unavailable_reason` without the probe (which claims the mount's
+        sandbox names): says only whether bubblewrap is there at all."""
+        if self.isolation == "none" or self._bwrap_path() is not None:
+            return None
+        return f"execute is not available: bubblewrap ({self.bwrap!r}) was not found. {INSTALL_HINT}"
+
     def _bwrap_path(self) -> str | None:
         if os.sep in self.bwrap:
             return self.bwrap if os.access(self.bwrap, os.X_OK) else None
@@ -201,17 +232,21 @@ class Sandbox:
         binary = self._bwrap_path()
         if binary is None:
             return f"execute is not available: bubblewrap ({self.bwrap!r}) was not found. {INSTALL_HINT}"
+        self._claim()
         for name in SANDBOX_DIRS:
             # bwrap would create a missing mount point as a real directory in the
             # user's tree: only a daemon that serves them virtually will do.
-            if not (self.root / name).is_dir():
+            if not os.path.isdir(self.root / name) or os.path.islink(self.root / name):
                 return (
                     f"execute is not available: the run's files have no /{name} mount point. "
                     f"Either an entry named {name!r} that is not a directory sits at the root "
-                    "(made before the name was reserved: rename it), or the vfsd daemon "
+                    "(made before the sandbox first ran here: rename it), or the vfsd daemon "
                     "serving this mount predates the sandbox's mount points (remount the run "
                     "dir with this version of vfsd)."
                 )
+        problem = self._prepare_tmp()
+        if problem:
+            return problem
         # The options of a real run, so an old bwrap or a missing kernel feature
         # shows here, once, with bwrap's own words.
         probe = [binary, *self._bwrap_options(), "--", "/bin/true"]
@@ -232,6 +267,34 @@ class Sandbox:
                 "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
                 "user.max_user_namespaces > 0; in a container: --privileged or a seccomp "
                 "profile that allows them). Or create the backend with isolation=\"none\"."
+            )
+        return None
+
+    def _claim(self) -> None:
+        """Have the daemon serve the mount points from now on (a plain directory
+        keeps no such attribute and fails the mount-point check, as it should).
+        Every call claims again: a daemon restarted under this Sandbox serves
+        nothing until claimed, and bwrap would make real directories instead."""
+        if self.isolation == "bwrap":
+            with contextlib.suppress(OSError):
+                os.setxattr(self.root, CLAIM_XATTR, b"1")
+
+    def _prepare_tmp(self) -> str | None:
+        """Make sure the root's `tmp` directory exists (the sandbox's /tmp, or with
+        tmp="call" the mount point of its tmpfs); why not, if it cannot be."""
+        if self.isolation != "bwrap":
+            return None
+        path = self.root / TMP_DIR
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            return f"execute is not available: it could not make /{TMP_DIR}: {exc}"
+        if path.is_symlink() or not path.is_dir():
+            return (
+                f"execute is not available: /{TMP_DIR} at the root of the run's files is not a "
+                "directory; the sandbox's /tmp is that directory: rename or remove it."
             )
         return None
 
@@ -283,14 +346,19 @@ class Sandbox:
             report["filesystem"] = {
                 "/": f"the run's files ({self.root}), read-write",
                 **{f"/{d}": "host, read-only" for d in SYSTEM_DIRS if os.path.exists(f"/{d}")},
-                "/tmp": f"private tmpfs, fresh per call, {lim.tmp_bytes} bytes",
+                "/tmp": (f"private tmpfs, fresh per call, {lim.tmp_bytes} bytes"
+                         if self.tmp == "call" else
+                         f"the run's own /{TMP_DIR} directory ({self.root / TMP_DIR}), kept "
+                         "across calls; VfsdBackend marks what commands leave there done"),
                 "/run": "private tmpfs, fresh per call",
                 "/proc": "the sandbox's own processes",
                 "/dev": "null, zero, full, random, urandom, tty, shm, pts",
                 "masked": self._masked_paths(),
             }
             report["capabilities"] = "all dropped; no_new_privs"
-            report["limits"]["tmp_bytes"] = {"value": lim.tmp_bytes, "enforced_by": "tmpfs size"}
+            if self.tmp == "call":
+                report["limits"]["tmp_bytes"] = {"value": lim.tmp_bytes,
+                                                 "enforced_by": "tmpfs size"}
             report["cleanup"] = "PID namespace: every process ends with the call"
         else:
             report["filesystem"] = {"/": "the host's, as this process's user"}
@@ -336,15 +404,23 @@ class Sandbox:
                 + elsewhere + " " + limits
             )
         network = "The network is available." if self.network else "There is no network."
+        if self.tmp == "call":
+            tmp_note = "/tmp and /run are private to each command and emptied when it ends; "
+        else:
+            tmp_note = (
+                "/run is private to each command. /tmp is yours and is kept from one command "
+                "to the next (the file tools see it too); what is left there is removed a few "
+                "steps after it was last written. "
+            )
         return (
             "## Files and the shell\n\n"
             "The file tools (ls, read_file, write_file, edit_file, glob, grep) and the execute "
             "tool share one filesystem: a path means the same file in both (after "
             f"write_file('/app/main.py'), run `python3 /app/main.py`).{elsewhere} "
-            "Commands start in `/`, which is the root of your files. Inside execute, /usr, /bin, /lib, /sbin and "
-            "/etc are the system's, read-only; /tmp and /run are private to each command and "
-            "emptied when it ends; /proc and /dev are the sandbox's own. The file tools "
-            "cannot use those paths: keep your files elsewhere (for example under /work). "
+            "Commands start in `/`, which is the root of your files. Inside execute, /usr, "
+            f"/bin, /lib, /sbin and /etc are the system's, read-only; {tmp_note}/proc and /dev "
+            "are the sandbox's own. The file tools cannot use those paths: keep your files "
+            "elsewhere (for example under /work). "
             f"Background processes end when the command returns. {network} {limits}"
         )
 
@@ -363,6 +439,10 @@ class Sandbox:
         daemon attributes their requests to the running tool call by it.
         """
         self.check()
+        self._claim()
+        problem = self._prepare_tmp()  # it may have been removed since the last call
+        if problem:
+            raise SandboxUnavailable(problem)
         wall = self.limits.timeout if timeout is None else timeout
         if wall < 0:
             raise ValueError(f"timeout must be non-negative, got {wall}")
@@ -424,9 +504,10 @@ class Sandbox:
                 argv += ["--tmpfs", path, "--remount-ro", path]
             else:
                 argv += ["--ro-bind", "/dev/null", path]
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--size", str(self.limits.tmp_bytes), "--tmpfs", "/tmp",
-                 "--size", str(16 << 20), "--tmpfs", "/run"]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        if self.tmp == "call":  # else /tmp is the root's own tmp directory, bound with it
+            argv += ["--size", str(self.limits.tmp_bytes), "--tmpfs", "/tmp"]
+        argv += ["--size", str(16 << 20), "--tmpfs", "/run"]
         if self.network and os.path.islink("/etc/resolv.conf"):
             # systemd-resolved and friends keep the real file under /run.
             target = os.path.realpath("/etc/resolv.conf")

@@ -67,12 +67,8 @@ def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[mount_tool.Mou
 class TestVfsdSandboxStandard(SandboxIntegrationTests):
     """langchain-tests' standard sandbox suite against VfsdBackend."""
 
-    @property
-    def sandbox_root_dir(self) -> str:
-        # The suite's default, /tmp/test_sandbox_ops/, is inside the sandbox's
-        # private /tmp, which is not part of the run's files (and so refused by
-        # the file tools): use a directory of the run's files instead.
-        return "/test_sandbox_ops/"
+    # The suite's own root, /tmp/test_sandbox_ops/, is part of the run's files:
+    # the sandbox's /tmp is the run's `tmp` directory.
 
     @pytest.fixture(scope="class")
     def sandbox(self, mounted: mount_tool.Mount) -> Iterator[SandboxBackendProtocol]:

@@ -159,7 +159,6 @@ HOSTILE_RECORDS = {
     "size 16 TiB + 1": (lambda s: edit_inode(s, _big(s), size=(1 << 44) + 1), "largest file"),
     # item 3: names local operations refuse at the root
     "root entry .vfsd": (_root_entry(b".vfsd"), "reserved"),
-    "root entry tmp": (_root_entry(b"tmp"), "reserved"),
     # item 7: records fsck counts as damage
     "status 9": (lambda s: edit_inode(s, _big(s), status=9), "status 9"),
     "step 2^64-1": (lambda s: edit_inode(s, _big(s), step=(1 << 64) - 1), "step"),

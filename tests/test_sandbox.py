@@ -138,23 +138,82 @@ def test_file_tools_and_shell_see_the_same_files(mnt, token):
     # An edit through the file tools is what the shell reads next.
     assert b.edit(f"{work}/notes/plan.md", "one", "two").error is None
     assert b.execute(f"grep -c two {work}/notes/plan.md").output.strip() == "1"
-    # The mount points of the sandbox are not the run's files, for either.
-    assert [e["path"] for e in b.ls("/").entries] == [top]
-    assert b.execute("ls -A /").output.split() == [token]
+    # The mount points of the sandbox are not the run's files, for either;
+    # /tmp is, for both.
+    assert sorted(e["path"] for e in b.ls("/").entries) == sorted([top, "/tmp"])
+    assert sorted(b.execute("ls -A /").output.split()) == sorted([token, "tmp"])
 
 
 def test_sandbox_dirs_are_refused_by_the_file_tools_with_a_reason(mnt, token):
-    b = VfsdBackend(mnt)
+    b = VfsdBackend(mnt, tmp="call")
     written = b.write("/tmp/scratch.txt", "x")
     assert "private to each execute call" in written.error
     assert "read-only system directory" in b.write("/usr/local/bin/tool", "x").error
     assert "/etc is" in b.read("/etc/passwd").error
+    assert "/run is private to each execute call" in b.write("/run/x", "x").error
     assert b.upload_files([("/proc/x", b"x")])[0].error == "invalid_path"
     assert b.ls("/dev").error
-    # /tmp is private to each call: what one call leaves there, the next does not see.
+    # tmp="call": what one call leaves in /tmp, the next does not see.
     assert b.execute(f"echo left > /tmp/{token} && cat /tmp/{token}").output == "left\n"
     assert b.execute("ls -A /tmp").output == ""
-    assert os.listdir(mnt.root) == []
+    assert os.listdir(mnt.root) == ["tmp"]  # its mount point, empty
+    assert os.listdir(mnt.root / "tmp") == []
+
+
+def test_tmp_is_kept_across_calls_and_evicted_like_done_files(mnt):
+    """The default /tmp is the run's own `tmp` directory: a second call finds
+    what the first left, the file tools see the same files, and what commands
+    leave there is marked done and evicted after `done_retention_steps`."""
+    b = VfsdBackend(mnt)
+    assert "/tmp is yours and is kept from one command to the next" in b.prompt_note()
+    made = b.execute("cd /tmp && echo 'print(6 * 7)' > calc.py && mkdir -p cache && "
+                     "echo warm > cache/entry && echo $HOME")
+    assert made.output == "/tmp\n", made.output
+    again = b.execute("python3 /tmp/calc.py; cat ~/cache/entry")
+    assert again.output == "42\nwarm\n"
+    assert b.read("/tmp/calc.py").file_data["content"] == "print(6 * 7)"
+    assert b.write("/tmp/notes.txt", "from the file tools").error is None
+    assert b.execute("cat /tmp/notes.txt").output == "from the file tools"
+    assert (mnt.root / "tmp" / "cache" / "entry").read_text() == "warm\n"
+    assert mnt.ref("tmp/calc.py")["status"] == "done"
+    assert mnt.ref("tmp/cache/entry")["status"] == "done"
+    # done_retention_steps is 3 on the default mount: past it they leave.
+    mnt.set_step(mnt.get_step() + 5)
+    assert not (mnt.root / "tmp" / "calc.py").exists()
+    assert (mnt.root / "tmp").is_dir()
+    assert b.execute("ls /tmp/calc.py 2>&1; echo fresh > /tmp/x; cat /tmp/x").output.endswith(
+        "No such file or directory\nfresh\n")
+    # Removed altogether, it comes back with the next call.
+    shutil.rmtree(mnt.root / "tmp")
+    assert b.execute("echo again > /tmp/y && cat /tmp/y").output == "again\n"
+
+
+def test_each_thread_of_a_runs_keeps_its_own_tmp(tmp_path):
+    """In a real agent run: /tmp survives from one execute call to the next,
+    and each thread of a Runs has its own."""
+    def calls(name: str) -> list[AIMessage]:
+        return [
+            turn(tool_call("execute", f"{name}1",
+                           command=f"cat /tmp/who 2>&1; echo {name} > /tmp/who")),
+            turn(tool_call("execute", f"{name}2", command="cat /tmp/who")),
+            AIMessage(content="done"),
+        ]
+
+    recording = RecordingModel([*calls("A"), *calls("B")])
+    with mount_tool.runs(tmp_path / "runs") as runs:
+        agent = create_vfsd_deep_agent(runs, recording.model, checkpointer=InMemorySaver())
+        states = {
+            name: agent.invoke({"messages": [HumanMessage("go")]},
+                               {"configurable": {"thread_id": name}})
+            for name in ("A", "B")
+        }
+        for name, state in states.items():
+            assert "No such file or directory" in tool_result(state, f"{name}1").content
+            assert tool_result(state, f"{name}2").content.startswith(f"{name}\n")
+            with runs.use(name) as m:
+                assert (m.root / "tmp" / "who").read_text() == f"{name}\n"
+            # Scratch files stay out of the graph state.
+            assert not any(k.startswith("/tmp") for k in state.get("files", {}))
 
 
 def test_the_mount_points_match_the_daemons():
@@ -292,7 +351,7 @@ def test_cpu_time_limit_counts_all_processes(mnt):
 
 
 def test_private_tmp_is_bounded(mnt):
-    b = VfsdBackend(mnt, limits=ExecLimits(tmp_bytes=8 << 20))
+    b = VfsdBackend(mnt, limits=ExecLimits(tmp_bytes=8 << 20), tmp="call")
     res = b.execute("head -c 20000000 /dev/zero > /tmp/big; ls -l /tmp/big | cut -d' ' -f5")
     assert "No space left on device" in res.output
 
@@ -301,7 +360,9 @@ def test_sandbox_info_reports_what_is_in_force(mnt):
     info = VfsdBackend(mnt).sandbox_info()
     assert info["isolation"] == "bwrap" and info["reason"] is None
     assert {"mount", "pid", "net"} <= set(info["namespaces"])
-    assert info["filesystem"]["/tmp"].startswith("private tmpfs")
+    assert info["filesystem"]["/tmp"].startswith("the run's own /tmp directory")
+    assert VfsdBackend(mnt, tmp="call").sandbox_info()["filesystem"]["/tmp"].startswith(
+        "private tmpfs")
     assert "/etc/shadow" in info["filesystem"]["masked"]
     assert info["cleanup"].startswith("PID namespace")
     for name in ("wall_seconds", "cpu_seconds", "memory_bytes", "processes", "output_bytes"):

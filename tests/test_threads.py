@@ -60,7 +60,8 @@ def expected_files(n: int, root) -> dict:
     got = tree(root)
     offloaded = {k: v for k, v in got.items() if k.startswith("large_tool_results/execute-")}
     want = {"work/": "dir", "work/job.py": job(n).encode(),
-            "work/note.md": f"thread {n} was here\n".encode(), "large_tool_results/": "dir"}
+            "work/note.md": f"thread {n} was here\n".encode(), "large_tool_results/": "dir",
+            "tmp/": "dir"}  # the sandbox's /tmp, made by the first execute
     return want, offloaded
 
 

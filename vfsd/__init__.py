@@ -28,10 +28,12 @@ STATE_DIRNAME = ".vfsd"
 MOUNT_DIRNAME = "fs"
 
 #: Mount points of mount_tool's execute sandbox, which makes the mount root
-#: its `/` (mount_tool/sandbox.py keeps the same list).
+#: its `/` (mount_tool/sandbox.py keeps the same list). The root serves them
+#: as virtual directories only once a sandbox has claimed them (the
+#: `user.vfsd.sandbox` xattr on the root): until then they are ordinary names.
+#: `tmp` is not among them: the sandbox's /tmp is a real directory of the run.
 SANDBOX_MOUNT_POINTS = (b"bin", b"dev", b"etc", b"lib", b"lib32", b"lib64", b"libx32", b"proc",
-                        b"run", b"sbin", b"tmp", b"usr")
-#: Names the mount root serves itself (`.vfsd/` and the sandbox's mount
-#: points): local operations refuse real entries with these names at the
-#: root, and so does an import.
-RESERVED_ROOT_NAMES = frozenset({STATE_DIRNAME.encode(), *SANDBOX_MOUNT_POINTS})
+                        b"run", b"sbin", b"usr")
+#: Names the mount root always serves itself (`.vfsd/`): local operations
+#: refuse real entries with these names at the root, and so does an import.
+RESERVED_ROOT_NAMES = frozenset({STATE_DIRNAME.encode()})

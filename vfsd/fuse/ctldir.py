@@ -9,14 +9,17 @@ tier, provenance and extended attributes), retained snapshots
 operation (`.vfsd/accesslog`, see `accesslog`). The directory and its files are virtual: inode numbers far above
 anything the store allocates, content rendered when a file is opened.
 
-The sandbox directories (`usr`, `etc`, `tmp`, ...) are where mount_tool's
+The sandbox directories (`usr`, `etc`, `proc`, ...) are where mount_tool's
 `execute` sandbox, which makes the mount root its `/`, mounts the system's
-directories, a private /tmp, /proc and /dev. A mount point must exist in the
-tree it is mounted on, and the user's tree must not gain entries for them, so
-they are empty, read-only directories that answer lookups but are left out of
-listings, and no real entry can be created under their names at the root. A
-real entry that already has such a name (made before they were reserved)
-wins over the virtual one.
+directories, /run, /proc and /dev. A mount point must exist in the tree it is
+mounted on, and the user's tree must not gain entries for them, so they are
+empty, read-only directories that answer lookups but are left out of
+listings. They are served only once a sandbox claims them (the
+`user.vfsd.sandbox` xattr set on the root, which the sandbox does before its
+first command): a mount whose user never runs `execute` keeps every name
+ordinary (`mkdir etc`, `touch run` just work). From the claim on, no real
+entry can be created under those names at the root; a real entry that already
+has such a name (made before the claim) wins over the virtual one.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ FILE_MODE = stat.S_IFREG | 0o400
 SANDBOX_DIRS = {name: BASE + 0x100 + i for i, name in enumerate(SANDBOX_MOUNT_POINTS)}
 SANDBOX_INOS = frozenset(SANDBOX_DIRS.values())
 SANDBOX_DIR_MODE = stat.S_IFDIR | 0o555
-#: Names that cannot become real entries of the root.
+#: Names that cannot become real entries of the root (the sandbox's mount
+#: points join them once claimed).
 RESERVED = RESERVED_ROOT_NAMES
 
 

@@ -47,6 +47,8 @@ XATTR_RO = (b"user.vfsd.hash", b"user.vfsd.tier")
 XATTR_CALL = b"user.vfsd.call"
 #: a directory that is a unit for eviction ("1") or not one ("0"), see `vfsd.evictscope`
 XATTR_UNIT = b"user.vfsd.unit"
+#: set on the root: a sandbox uses this mount, serve its mount points (ctldir)
+XATTR_SANDBOX = b"user.vfsd.sandbox"
 #: what mknod may create (directories and symlinks have their own requests)
 _MKNOD_TYPES = frozenset({stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK})
 
@@ -189,6 +191,8 @@ class VfsdOperations(pyfuse3.Operations):
         self.files = openfiles
         openfiles.on_closed = self._closed
         self.root = store.root_ino
+        # The sandbox's mount points are served once a sandbox claims them.
+        self.sandbox_points = False
         self.entry_timeout = entry_timeout
         self.durability = durability
         self.lookups: dict[int, int] = {}
@@ -251,10 +255,14 @@ class VfsdOperations(pyfuse3.Operations):
         return ino
 
     def _new_name(self, parent: int, name: bytes) -> None:
-        """Refuse to make a real entry under a reserved root name (`.vfsd`, sandbox dirs)."""
+        """Refuse to make a real entry under a name the root serves itself."""
         self._check_writable()
-        if parent == self.root and name in ctldir.RESERVED:
+        if parent == self.root and self._served_at_root(name):
             raise pyfuse3.FUSEError(errno.EEXIST)
+
+    def _served_at_root(self, name: bytes) -> bool:
+        """`.vfsd`, and the sandbox's mount points once a sandbox claimed them."""
+        return name in ctldir.RESERVED or (self.sandbox_points and name in ctldir.SANDBOX_DIRS)
 
     def _check_writable(self) -> None:
         """EROFS once this worker lost its run to another (remote tier)."""
@@ -267,7 +275,7 @@ class VfsdOperations(pyfuse3.Operations):
         The entry is visible (a virtual directory), so "no such file" would
         puzzle; it simply cannot be removed.
         """
-        if parent == self.root and name in ctldir.RESERVED:
+        if parent == self.root and self._served_at_root(name):
             return pyfuse3.FUSEError(errno.EPERM)
         return pyfuse3.FUSEError(errno.ENOENT)
 
@@ -420,7 +428,13 @@ class VfsdOperations(pyfuse3.Operations):
             inode = self.store.lookup(parent, name)
         except errors.NotFound:
             if parent == self.root and name in ctldir.SANDBOX_DIRS:
-                return self._ctl_entry(ctldir.SANDBOX_DIRS[name])
+                if self.sandbox_points:
+                    return self._ctl_entry(ctldir.SANDBOX_DIRS[name])
+                # Not cached: the claim that serves it needs no invalidation.
+                miss = pyfuse3.EntryAttributes()
+                miss.st_ino = 0
+                miss.entry_timeout = 0
+                return miss
             # Every name change passes through this mount's kernel, which drops
             # a cached negative entry itself, so "not there" can be cached too:
             # shells probing $PATH and tools probing config files pay once.
@@ -667,7 +681,7 @@ class VfsdOperations(pyfuse3.Operations):
                 noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE),
                 exchange=bool(flags & pyfuse3.RENAME_EXCHANGE))
         except errors.NotFound:
-            if not (old_parent == self.root and name_old in ctldir.RESERVED):
+            if not (old_parent == self.root and self._served_at_root(name_old)):
                 raise
             raise pyfuse3.FUSEError(errno.EPERM) from None
         if replaced is not None:
@@ -1083,6 +1097,8 @@ class VfsdOperations(pyfuse3.Operations):
         if ctldir.is_ctl(inode):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         ino = self._ino(inode)
+        if name == XATTR_SANDBOX and ino == self.root:
+            return b"1" if self.sandbox_points else b"0"
         if name.startswith(XATTR_PREFIX):
             rec = self._attrs(ino)
             if rec.is_dir and name == b"user.vfsd.pin":
@@ -1106,6 +1122,11 @@ class VfsdOperations(pyfuse3.Operations):
     @_guard
     async def setxattr(self, inode, name, value, ctx):
         ino = self._ino(inode)
+        if name == XATTR_SANDBOX:
+            if ino != self.root:
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            self.sandbox_points = True  # for the daemon's life: a claim is never undone
+            return
         self._check_writable()
         if name.startswith(XATTR_PREFIX):
             self._set_vfsd_xattr(ino, name, value)
