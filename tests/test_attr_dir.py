@@ -80,8 +80,8 @@ def test_attr_dir_mirrors_the_tree(run):
     (root / odd).write_bytes(b"x")
 
     mirror = root / ".vfsd" / "attr"
-    assert sorted(os.listdir(root / ".vfsd")) == ["accesslog", "attr", "evicted.ndjson",
-                                                  "snapshots", "status.json"]
+    assert sorted(os.listdir(root / ".vfsd")) == ["accesslog", "attr", "evicted",
+                                                  "evicted.ndjson", "snapshots", "status.json"]
     assert sorted(os.listdir(mirror)) == sorted(["notes", odd])
     assert sorted(os.listdir(mirror / "notes")) == ["deep", "plan.md"]  # no symlinks
     assert (mirror / "notes").is_dir() and (mirror / "notes" / "plan.md").is_file()
