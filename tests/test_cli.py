@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
 
@@ -116,3 +117,34 @@ def test_gc_prints_text_and_json_on_request(run):
     assert "chunk files removed" in text and "{" not in text
     doc = json.loads(run.cli("gc", run.run_dir, "--json").stdout)
     assert set(doc) >= {"chunks_removed", "tombstones_removed", "temps_removed"}
+
+
+def test_diff_legend_attribute_only_directories_and_a_post_mortem(run):
+    """`vfsd diff` text: a mark per line and its legend; a directory whose only
+    change is its times is left out unless --all; snapshots and diff work on
+    the run dir once unmounted; fsck says when content was not read back."""
+    (run.root / "d").mkdir()
+    (run.root / "d" / "keep.txt").write_text("one")
+    (run.root / "old.txt").write_text("old")
+    s1 = run.cli("snapshot", run.run_dir).stdout.split()[-1]
+    (run.root / "d" / "new.txt").write_text("two")  # d's times change with it
+    (run.root / "d" / "keep.txt").write_text("ONE")
+    os.rename(run.root / "old.txt", run.root / "renamed.txt")
+    os.chmod(run.root / "renamed.txt", 0o600)
+    s2 = run.cli("snapshot", run.run_dir).stdout.split()[-1]
+    text = run.cli("diff", run.run_dir, s1, s2).stdout
+    lines = text.splitlines()
+    assert "A  d/new.txt" in " ".join(lines) and any(x.startswith("M  d/keep.txt") for x in lines)
+    assert lines[-1].startswith("(A added, D deleted, M content changed"), text
+    assert not any(x.split()[-1] == "d" for x in lines[:-1] if x.startswith("T")), text
+    every = run.cli("diff", run.run_dir, s1, s2, "--all").stdout
+    assert any(x.startswith("T  d") for x in every.splitlines()), every
+    run.umount()
+    # A post-mortem: the same answers from the store, no daemon.
+    assert run.cli("diff", run.run_dir, s1, s2).stdout == text
+    listed = run.cli("snapshots", run.run_dir).stdout
+    assert s1 in listed and s2 in listed
+    plain = run.cli("fsck", run.run_dir)
+    assert "content not verified" in plain.stdout + plain.stderr
+    verified = run.cli("fsck", run.run_dir, "--verify")
+    assert "content not verified" not in verified.stdout + verified.stderr
