@@ -338,6 +338,15 @@ class VfsdBackend(SandboxBackendProtocol):
         except (OSError, ValueError):
             return False
 
+    @staticmethod
+    def _retire_if_scratch(v: _RunView, virtual: str, ref: FileRef) -> None:
+        """A file the file tools wrote in the sandbox's /tmp is scratch too: done,
+        as execute marks what commands leave there."""
+        if (v.sandbox.tmp == "run" and v.sandbox.isolation == "bwrap"
+                and virtual.startswith(f"/{TMP_DIR}/")):
+            with contextlib.suppress(ControlError):
+                v.mount.set_status(ref, "done")
+
     def _check_access(self, v: _RunView, virtual: str, *, write: bool = False) -> None:
         """PermissionError when the sandboxed shell could not read (write) this file."""
         if not self._dac:
@@ -443,7 +452,7 @@ class VfsdBackend(SandboxBackendProtocol):
                 if virtual == "/":
                     raise IsADirectoryError("/ is the mount root")
                 self._check_access(v, virtual, write=True)
-                v.mount.write(virtual.lstrip("/"), content)
+                self._retire_if_scratch(v, virtual, v.mount.write(virtual.lstrip("/"), content))
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return WriteResult(error=f"Error writing file '{file_path}': {_reason(exc)}")
         return WriteResult(path=virtual)
@@ -487,7 +496,8 @@ class VfsdBackend(SandboxBackendProtocol):
                         if virtual == "/":
                             raise IsADirectoryError(path)
                         self._check_access(v, virtual, write=True)
-                        v.mount.write(virtual.lstrip("/"), data)
+                        self._retire_if_scratch(v, virtual,
+                                                v.mount.write(virtual.lstrip("/"), data))
                         responses.append(FileUploadResponse(path=path))
                     except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
                         responses.append(FileUploadResponse(path=path, error=_error_code(exc)))

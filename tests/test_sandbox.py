@@ -177,6 +177,7 @@ def test_tmp_is_kept_across_calls_and_evicted_like_done_files(mnt):
     assert (mnt.root / "tmp" / "cache" / "entry").read_text() == "warm\n"
     assert mnt.ref("tmp/calc.py")["status"] == "done"
     assert mnt.ref("tmp/cache/entry")["status"] == "done"
+    assert mnt.ref("tmp/notes.txt")["status"] == "done"  # the file tools' too
     # done_retention_steps is 3 on the default mount: past it they leave.
     mnt.set_step(mnt.get_step() + 5)
     assert not (mnt.root / "tmp" / "calc.py").exists()
