@@ -758,7 +758,7 @@ class VfsdOperations(pyfuse3.Operations):
         call = self.provenance.of_pid(_pid(ctx))
         inode = self.store.create(self._ino(parent_inode), name,
                                   stat.S_IFREG | (mode & 0o7777), ctx.uid, ctx.gid, call=call)
-        of = self.files.acquire(inode.ino, inode)
+        of = self.files.acquire(inode.ino, inode, new=True)
         of.writer = call
         of.fresh = True
         self.journal.file_created(self._ino(parent_inode), name, call)

@@ -104,13 +104,15 @@ class OpenFiles:
     def get(self, ino: int) -> OpenFile | None:
         return self.files.get(ino)
 
-    def acquire(self, ino: int, inode: Inode | None = None) -> OpenFile:
-        """A handle on the file; `inode` saves reading a record the caller has."""
+    def acquire(self, ino: int, inode: Inode | None = None, new: bool = False) -> OpenFile:
+        """A handle on the file; `inode` saves reading a record the caller has,
+        `new` (a file just created, which has none) reading its blocks."""
         of = self.files.get(ino)
         if of is None:
             if inode is None:
                 inode = self.store.get_inode(ino)
-            of = OpenFile(inode, self.store.block_map(ino) if inode.is_reg else {})
+            blocks = self.store.block_map(ino) if inode.is_reg and not new else {}
+            of = OpenFile(inode, blocks)
             self.files[ino] = of
         of.handles += 1
         return of

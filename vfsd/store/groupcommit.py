@@ -78,6 +78,15 @@ class GroupCommit:
     def owner(self) -> bool:
         return threading.get_ident() == self.thread
 
+    def open_for_reads(self):
+        """The open group's transaction if this thread may read inside it (the
+        owner, with no request's child transaction active), else None: the
+        loop's reads (a getattr, a lookup) then cost no transaction of their own."""
+        txn = self.txn
+        if txn is None or self.child_active or threading.get_ident() != self.thread:
+            return None
+        return txn
+
     def room_for_a_group(self, store_dir) -> bool:
         """Enough free disk that a group's commit will not fail for space
         (checked at most every 0.1 s)."""

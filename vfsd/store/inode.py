@@ -103,11 +103,8 @@ class Inode:
             (vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen, step,
              status, pinned, inline, nblocks) = _FORMAT_V2.unpack_from(raw)
             made_by = changed_by = UNKNOWN_CALL
-        return cls(
-            ino, vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen,
-            step, status, bool(pinned), bool(inline), nblocks,
-            made_by=made_by, changed_by=changed_by, used=used,
-        )
+        return cls(ino, vol, mode, nlink, uid, gid, rdev, size, atime, mtime, ctime, gen,
+                   step, status, bool(pinned), bool(inline), nblocks, made_by, changed_by, used)
 
 
 #: bytes of a packed inode record

@@ -44,11 +44,13 @@ class NamespaceMixin:
     def lookup(self, parent: int, name: bytes) -> Inode:
         if len(name) > MAX_NAME:
             raise errors.NameTooLong(f"a name is longer than {MAX_NAME} bytes")
-        with self.txn() as txn:
-            raw = txn.get(self._key(parent) + name, db=self.db["dentry"])
-            if raw is None:
-                raise errors.NotFound(name.decode(errors="replace"))
-            return self._get_inode(txn, _U64X2.unpack(raw)[0])
+        return self._read(self._lookup_in, parent, name)
+
+    def _lookup_in(self, txn, parent: int, name: bytes) -> Inode:
+        raw = txn.get(self._key(parent) + name, db=self.db["dentry"])
+        if raw is None:
+            raise errors.NotFound(name.decode(errors="replace"))
+        return self._get_inode(txn, _U64X2.unpack(raw)[0])
 
     def _add_entry(self, txn, parent: int, name: bytes, child: int) -> None:
         cookie = self._alloc_cookie(txn)
