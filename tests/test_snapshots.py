@@ -331,3 +331,36 @@ def test_long_label_is_refused_on_the_first_snapshot_too(run) -> None:
         assert first.get("in_steps") and first["label"] == "y" * 200
         err = c.error("snapshot", label="x" * 201)
         assert err["code"] == "bad_request" and "200" in err["message"]
+
+
+@pytest.mark.skipif(os.environ.get("VFSD_LONG") != "1", reason="VFSD_LONG=1: 20,000 files")
+def test_a_diff_of_many_changes_holds_no_other_request(run):
+    """Issue 20's probe (bench/stall_bench.py: a diff of 100,000 changes held every
+    other request of the mount 10.5 s): the diff reads in a worker thread, so
+    requests keep being answered while it runs. Counted, not timed: the mount
+    answers many statfs calls during one diff, where before it answered none
+    between the diff's start and its end."""
+    s1 = run.cli("snapshot", run.run_dir).stdout.split()[-1]
+    subprocess.run("for d in $(seq 40); do mkdir d$d; for f in $(seq 500); do "
+                   ": > d$d/f$f; done; done", shell=True, cwd=run.root, check=True, timeout=900)
+    import threading
+
+    answered, done = [0, 0], threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            os.statvfs(run.root)
+            answered[0] += 1
+
+    worker = threading.Thread(target=probe)
+    worker.start()
+    try:
+        with connect(run.run_dir) as c:
+            before = answered[0]
+            reply = c.call("diff", a=s1)
+            answered[1] = answered[0] - before
+    finally:
+        done.set()
+        worker.join()
+    assert len(reply["changes"]) >= 20_000
+    assert answered[1] >= 50, answered

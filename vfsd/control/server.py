@@ -708,13 +708,13 @@ class ControlServer:
         res = await self.daemon.snapservice.restore_paths(lambda: items, force=force)
         return {**res, "lost": sorted(set(lost))}
 
-    def op_diff(self, req: dict) -> dict:
+    async def op_diff(self, req: dict) -> dict:
         b = req.get("b")
         if b in (None, "live"):
             b = None
         elif not isinstance(b, str):
             raise RequestError("bad_request", "'b' is a snapshot id or \"live\"")
-        return self.daemon.snapservice.diff(self._snapshot_id(req, "a"), b)
+        return await self.daemon.snapservice.diff(self._snapshot_id(req, "a"), b)
 
     async def op_fork(self, req: dict) -> dict:
         return await self.daemon.snapservice.fork(self._snapshot_id(req),

@@ -465,8 +465,11 @@ class SnapshotService:
         except ValueError:
             return None
 
-    def diff(self, a: str, b: str | None) -> dict:
-        return {"a": a, "b": b or "live", "changes": self.snaps.diff(a, b)}
+    async def diff(self, a: str, b: str | None) -> dict:
+        # Only reads, from one LMDB read transaction: in a worker thread, so a
+        # diff of 100,000 changes (10 s) no longer holds every other request.
+        changes = await trio.to_thread.run_sync(self.snaps.diff, a, b)
+        return {"a": a, "b": b or "live", "changes": changes}
 
     def locate(self, ino: int, gen: int, digest_hex: str) -> dict | None:
         try:
