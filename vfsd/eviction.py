@@ -211,25 +211,32 @@ class Evictor:
         retention = rules.lowest("done_retention_steps", cfg.done_retention_steps)
         max_age = rules.lowest("max_age_steps", cfg.max_age_steps)
         for index, before in (("donestep", step - retention), ("agestep", step - max_age)):
-            for _, ino in self.store.scan_index(index, before_step=before):
+            found = [ino for _, ino in self.store.scan_index(index, before_step=before)]
+            placed = self.store.placed(ino for ino in found if ino not in seen)
+            for ino in found:
                 if ino not in seen:
-                    self._consider(ino, step, scope, decided, seen)
+                    self._consider(ino, step, scope, decided, seen, placed.get(ino))
         if cfg.quota_bytes is not None or cfg.max_files is not None:
             self._plan_limits(decided, scope, extra_bytes, extra_files, exclude)
         return decided
 
-    def _consider(self, ino: int, step: int, scope: Scope,
-                  decided: dict, seen: set[int]) -> None:
-        """Judge one candidate (its whole unit, if it is in one)."""
+    def _consider(self, ino: int, step: int, scope: Scope, decided: dict, seen: set[int],
+                  placed: tuple | None = None) -> None:
+        """Judge one candidate (its whole unit, if it is in one); `placed` is
+        its (inode, parent, name) when the caller read it already."""
         seen.add(ino)
-        try:
-            inode = self.files.attrs(ino)
-        except errors.NotFound:
-            return
-        if not inode.is_reg or inode.nlink == 0:
-            return
-        facts = scope.file_facts(ino)
-        if facts is None:
+        if placed is None:
+            try:
+                inode = self.files.attrs(ino)
+            except errors.NotFound:
+                return
+            facts = scope.file_facts(ino)
+        else:
+            inode = placed[0]
+            if ino in self.files.files:
+                inode = self.files.attrs(ino)  # newer than the store while open
+            facts = scope.placed_at(placed[1], placed[2])
+        if not inode.is_reg or inode.nlink == 0 or facts is None:
             return
         path, where = facts
         if where.unit is not None:

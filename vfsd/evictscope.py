@@ -79,13 +79,15 @@ class Scope:
     def file_facts(self, ino: int) -> tuple[str, DirFacts] | None:
         """(path, facts of its directory) of a file, None if it has no name."""
         up = self.store.parent_of(ino)
-        if up is None:
+        return None if up is None else self.placed_at(*up)
+
+    def placed_at(self, parent: int, name: bytes) -> tuple[str, DirFacts] | None:
+        """(path, facts of `parent`) of the entry `name` in directory `parent`."""
+        facts = self.dir_facts(parent)
+        if facts is None:
             return None
-        parent = self.dir_facts(up[0])
-        if parent is None:
-            return None
-        name = up[1].decode(errors="surrogateescape")
-        return (parent.path + "/" + name if parent.path else name), parent
+        name = name.decode(errors="surrogateescape")
+        return (facts.path + "/" + name if facts.path else name), facts
 
     def _pinned(self, ino: int) -> bool:
         try:

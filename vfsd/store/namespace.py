@@ -265,6 +265,24 @@ class NamespaceMixin:
         with self.txn() as txn:
             return self._parent_of(txn, ino)
 
+    def placed(self, inos) -> dict[int, tuple[Inode, int, bytes]]:
+        """ino -> (inode, a parent, its name there) for those of `inos` that
+        have a name, in one read transaction (eviction's candidates)."""
+        out = {}
+        inodes = self.db["inode"]
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db["backlink"])
+            for ino in inos:
+                key = self._key(ino)
+                raw = txn.get(key, db=inodes)
+                if raw is None or not cur.set_range(key):
+                    continue
+                k = cur.key()
+                if k[:12] != key:
+                    continue
+                out[ino] = (Inode.unpack(ino, raw), _U64.unpack(k[12:20])[0], bytes(k[20:]))
+        return out
+
     def has_entry(self, parent: int, name: bytes) -> bool:
         with self.txn() as txn:
             return txn.get(self._key(parent) + name, db=self.db["dentry"]) is not None
