@@ -249,7 +249,8 @@ class Evictor:
             return
         reason = self.policy.reason(inode, step, rule)
         if reason is not None:
-            decided[ino] = (reason, _rule_fields(rule), ino in self.files.files)
+            decided[ino] = (reason, {"path": path, **_rule_fields(rule)},
+                            ino in self.files.files)
 
     def _consider_unit(self, unit: int, step: int, scope: Scope,
                        decided: dict, seen: set[int]) -> None:
@@ -264,7 +265,7 @@ class Evictor:
             reason = self.policy.reason(inode, step, rule)
             if reason is None:
                 return  # its youngest file keeps it
-            verdicts[ino] = (reason, {**_rule_fields(rule), "unit": members.path})
+            verdicts[ino] = (reason, {"path": path, **_rule_fields(rule), "unit": members.path})
         held = any(ino in self.files.files for ino in verdicts)
         for ino, (reason, extra) in verdicts.items():
             decided[ino] = (reason, extra, held)
@@ -408,10 +409,14 @@ class Evictor:
     def _apply(self, victims: list[tuple[int, str, dict]], step: int,
                dry_run: bool) -> list[dict]:
         """Eviction records for closed files `victims`; removed unless `dry_run`."""
-        facts = self.store.eviction_facts([ino for ino, _, _ in victims])
+        # The judge found each path already (`extra["path"]`), a quota victim's not.
+        facts = self.store.eviction_facts(
+            [ino for ino, _, _ in victims],
+            {ino: extra["path"] for ino, _, extra in victims if "path" in extra})
         records = []
         for ino, reason, extra in victims:
             inode, path, digest = facts[ino]
+            extra = {k: v for k, v in extra.items() if k != "path"}
             records.append({
                 "path": path, "ino": ino, "gen": inode.gen, "hash": digest.hex(),
                 "size": inode.size, "step": inode.step, "evicted_step": step,

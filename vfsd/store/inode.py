@@ -109,3 +109,10 @@ class Inode:
 
 #: bytes of a packed inode record
 INODE_SIZE = _FORMAT.size
+_USED = struct.Struct(">Q")
+
+
+def with_used(raw: bytes, used: int) -> bytes:
+    """A packed record (schema 3 or 4) with its step of last use set to `used`:
+    the field is the record's last, so nothing else is decoded or packed."""
+    return bytes(raw[:_FORMAT_V3.size]) + _USED.pack(used)

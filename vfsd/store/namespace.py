@@ -401,14 +401,19 @@ class NamespaceMixin:
 
     # ------------------------------------------------------------- eviction
 
-    def eviction_facts(self, inos: list[int]) -> dict[int, tuple[Inode, str, bytes]]:
-        """(inode, path, content hash) per inode, in one read transaction."""
+    def eviction_facts(self, inos: list[int],
+                       paths: dict[int, str] | None = None) -> dict[int, tuple[Inode, str, bytes]]:
+        """(inode, path, content hash) per inode, in one read transaction;
+        `paths` are those the caller knows already."""
         out = {}
+        paths = paths or {}
         with self.txn() as txn:
             for ino in inos:
                 inode = self._get_inode(txn, ino)
                 digest = self.file_hash(inode.size, self._block_map(txn, ino), ino)
-                out[ino] = (inode, self._path_in(txn, ino) or "", digest)
+                path = paths.get(ino)
+                out[ino] = (inode, path if path is not None else self._path_in(txn, ino) or "",
+                            digest)
         return out
 
     def evict(self, victims: list[tuple[int, dict]]) -> list[tuple[int, list[tuple[int, bytes]]]]:

@@ -32,7 +32,7 @@ from .durability import Batch, Ledger
 from .eventlog import EventLog
 from .groupcommit import GroupCommit, in_request
 from .hotfiles import HotFiles
-from .inode import STATUS_DONE, Inode
+from .inode import _FORMAT_V3, STATUS_DONE, Inode, with_used
 from .keys import inode_key, now_ns
 from .namespace import NamespaceMixin
 from .steplog import StepLogMixin
@@ -48,6 +48,7 @@ ROOT_INO = 1
 MAX_INO = 1 << 40
 
 _U32 = struct.Struct(">I")
+_INODE_V3_SIZE = _FORMAT_V3.size
 _U64 = struct.Struct(">Q")
 _U64X2 = struct.Struct(">QQ")
 _VI = struct.Struct(">IQ")
@@ -887,19 +888,37 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         snapshot work.
         """
         out = []
+        inodes, agestep, donestep = self.db["inode"], self.db["agestep"], self.db["donestep"]
         with self.txn(write=True) as txn:
             for ino, step in marks.items():
-                raw = txn.get(self._key(ino), db=self.db["inode"])
+                key = self._key(ino)
+                raw = txn.get(key, db=inodes)
                 if raw is None:
                     continue
-                old = Inode.unpack(ino, raw)
-                if not old.is_reg or old.nlink == 0 or old.used >= step:
+                inode = Inode.unpack(ino, raw)
+                if not inode.is_reg or inode.nlink == 0 or inode.used >= step:
                     continue
-                new = old.copy()
-                new.used = step
-                self._reindex(txn, old, new)
-                txn.put(self._key(ino), new.pack(), db=self.db["inode"])
-                out.append(new)
+                if len(raw) < _INODE_V3_SIZE:  # a schema 2 record: written whole
+                    new = inode.copy()
+                    new.used = step
+                    self._reindex(txn, inode, new)
+                    txn.put(key, new.pack(), db=inodes)
+                    out.append(new)
+                    continue
+                before = inode.use_step
+                inode.used = step
+                if inode.use_step != before and not inode.pinned:
+                    # Only the use-keyed indexes move (`_index_keys`); the
+                    # counters and `bystep` stay as they are.
+                    old = _VOL_STEP_INO.pack(inode.vol, before, ino)
+                    new = _VOL_STEP_INO.pack(inode.vol, inode.use_step, ino)
+                    txn.delete(old, db=agestep)
+                    txn.put(new, b"", db=agestep)
+                    if inode.status == STATUS_DONE:
+                        txn.delete(old, db=donestep)
+                        txn.put(new, b"", db=donestep)
+                txn.put(key, with_used(raw, step), db=inodes)
+                out.append(inode)
         return out
 
     def _reindex(self, txn, old: Inode | None, new: Inode | None) -> None:
