@@ -146,3 +146,40 @@ def test_fsck_checks_the_invariants_an_import_checks(tmp_path, damage, why):
         assert any(why in p for p in problems), problems
     finally:
         store.close()
+
+
+@pytest.mark.fuse
+def test_repair_quarantines_damaged_files_into_lost_and_found(run):
+    """`vfsd fsck --repair --quarantine`: a file whose chunk was altered moves to
+    lost+found/INO-NAME with that block dropped (zeros), the rest of its bytes
+    and every other file intact, and the store checks clean with --verify."""
+    import json
+    import subprocess
+
+    from conftest import vfsd_cli
+
+    from vfsd.store.chunks import chunk_hash
+
+    mib = 1 << 20
+    data = os.urandom(3 * mib)
+    (run.root / "sub").mkdir()
+    (run.root / "sub" / "big.bin").write_bytes(data)
+    (run.root / "good.bin").write_bytes(os.urandom(2 * mib))
+    good = (run.root / "good.bin").read_bytes()
+    ino = os.stat(run.root / "sub" / "big.bin").st_ino
+    run.umount()
+    chunk = next(p for p in run.state_dir.rglob(chunk_hash(data[mib:2 * mib]).hex()))
+    chunk.write_bytes(b"not what it was" + chunk.read_bytes()[15:])
+    plain = vfsd_cli("fsck", run.run_dir, "--repair", "--verify", "--json", check=False)
+    assert plain.returncode == 1 and not json.loads(plain.stdout)["clean_after_repair"]
+    assert vfsd_cli("fsck", run.run_dir, "--quarantine", check=False).returncode == 2
+    proc = vfsd_cli("fsck", run.run_dir, "--repair", "--verify", "--quarantine", check=False)
+    assert proc.returncode == 0 and f"as lost+found/{ino}-big.bin" in proc.stdout, proc
+    assert vfsd_cli("fsck", run.run_dir, "--verify").returncode == 0
+    run.mount()
+    moved = run.root / "lost+found" / f"{ino}-big.bin"
+    assert not (run.root / "sub" / "big.bin").exists()
+    assert oct(os.stat(run.root / "lost+found").st_mode & 0o777) == "0o700"
+    got = subprocess.run(["cat", str(moved)], capture_output=True, check=True).stdout
+    assert got == data[:mib] + bytes(mib) + data[2 * mib:]
+    assert (run.root / "good.bin").read_bytes() == good

@@ -32,12 +32,15 @@ deleted, refcounts, indexes, counters and the `sgen` list rewritten, entries
 no snapshot needs dropped (and those of an unfinished first snapshot, with
 the content only they held), changed-but-unmarked objects marked, dangling
 names dropped. Content that is gone (a missing or altered object) cannot
-come back: such files are reported, and reading them keeps failing with EIO.
+come back: such files are reported, and reading them keeps failing with EIO,
+unless `quarantine` (`vfsd fsck --repair --quarantine`) moves them into
+`lost+found/` with their damaged blocks dropped (read as zeros).
 """
 
 from __future__ import annotations
 
 import json
+import stat
 import struct
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -70,6 +73,8 @@ class FsckReport:
     stats: dict[str, int] = field(default_factory=dict)
     #: what is not damage but a repair tidies (left by a crash that vfsd recovers from)
     notes: list[str] = field(default_factory=list)
+    #: (volume, inode, block indexes) of each live file with damaged content (`quarantine`)
+    damaged_blocks: list[tuple[str, int, list[int]]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -183,6 +188,8 @@ def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
             for volume in vols.values():
                 for ino, blocks in volume.blocks.items():
                     if any(ref[:16] in damaged for ref in blocks.values()):
+                        rep.damaged_blocks.append((volume.name, ino, sorted(
+                            idx for idx, ref in blocks.items() if ref[:16] in damaged)))
                         view = store.view(volume.name)
                         path = view._path_in(txn, ino) or f"<inode {ino}>"
                         rep.damaged_files.append(
@@ -201,6 +208,57 @@ def _fsck(store: Store, rep: FsckReport, *, repair: bool, verify: bool,
     if upload_fix:
         _repair_upload(store, rep)
     return rep
+
+
+#: where `quarantine` puts files whose content is damaged, at each volume's root
+LOST_FOUND = b"lost+found"
+
+
+def quarantine(store: Store, damaged: list[tuple[str, int, list[int]]]) -> list[str]:
+    """Move each file with damaged content into `lost+found/` at its volume's
+    root (named `INO-NAME`, as fsck does elsewhere), its damaged blocks dropped
+    so that they read as zeros and the store holds no reference to them; what
+    was done, a line each. Run after a repair, on a store no daemon uses.
+
+    Snapshot entries that name the same content are left alone: they are the
+    snapshots' own (delete those snapshots to clean the store)."""
+    done = []
+    for name, ino, blocks in damaged:
+        view = store.view(name)
+        try:
+            folder = view.lookup(ROOT_INO, LOST_FOUND)
+        except errors.NotFound:
+            folder = view.create(ROOT_INO, LOST_FOUND, stat.S_IFDIR | 0o700, 0, 0)
+        if not folder.is_dir:
+            done.append(f"volume {name!r}: lost+found is not a directory; inode {ino} "
+                        "left where it is")
+            continue
+        was = view.path_of(ino) or f"<inode {ino}>"
+        names = view.names_of(ino)
+        if names and names[0][0] != folder.ino:
+            parent, base = names[0]
+            view.rename(parent, base, folder.ino, (b"%d-" % ino + base)[:255], noreplace=True)
+        freed = []
+        with view.txn(write=True) as txn:
+            inode = view._get_inode(txn, ino)
+            for idx in blocks:
+                key = view._key(ino) + _U64.pack(idx)
+                raw = txn.get(key, db=view.db["block"])
+                if raw is None:
+                    continue
+                digest = view.content.decref(txn, bytes(raw))
+                if digest is not None:
+                    freed.append(digest)
+                txn.delete(key, db=view.db["block"])
+                inode.nblocks = max(0, inode.nblocks - 1)
+            view._put_inode(txn, inode)  # the next snapshot records the change
+        view._delete_unreferenced(freed)
+        now = view.path_of(ino) or was
+        done.append(f"quarantined {was} as {now}: {len(blocks)} damaged block(s) dropped "
+                    "(they read as zeros)" if len(store.volumes()) == 1 else
+                    f"volume {name!r}: quarantined {was} as {now}: {len(blocks)} damaged "
+                    "block(s) dropped (they read as zeros)")
+    return done
 
 
 def _check_upload(store: Store, txn, rep: FsckReport) -> bool:

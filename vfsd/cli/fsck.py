@@ -19,13 +19,16 @@ from .gc import remote_store
 @click.argument("target", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--repair", is_flag=True, help="Fix what can be fixed.")
 @click.option("--verify", is_flag=True, help="Also read and hash every chunk.")
+@click.option("--quarantine", is_flag=True,
+              help="With --repair: move files whose content is damaged into lost+found/ at "
+                   "the root, their damaged blocks dropped (read as zeros).")
 @click.option("--remote", "check_remote", is_flag=True,
               help="Look up chunks missing locally in the store's bucket (with --verify: "
                    "download and hash them).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML file with the remote_* options, for --remote.")
 @json_option
-def fsck(target: Path, repair: bool, verify: bool, check_remote: bool,
+def fsck(target: Path, repair: bool, verify: bool, quarantine: bool, check_remote: bool,
          config_path: Path | None, as_json: bool) -> None:
     """Check a store (RUN_DIR or a --store directory) with no daemon on it.
 
@@ -35,6 +38,8 @@ def fsck(target: Path, repair: bool, verify: bool, check_remote: bool,
     from vfsd.errors import StoreLocked
     from vfsd.store import compact
 
+    if quarantine and not repair:
+        fail("--quarantine works with --repair", 2)
     if compact.exists(target):
         store_dir, volume = target, None
     else:
@@ -46,14 +51,16 @@ def fsck(target: Path, repair: bool, verify: bool, check_remote: bool,
     except StoreLocked as exc:
         fail(str(exc))
     try:
-        _fsck(store_dir, volume, repair, verify, as_json, check_remote, config_path)
+        _fsck(store_dir, volume, repair, verify, as_json, check_remote, config_path,
+              quarantine)
     finally:
         if hold is not None:
             os.close(hold)
 
 
 def _fsck(store_dir: Path, volume: str | None, repair: bool, verify: bool,
-          as_json: bool, check_remote: bool = False, config_path: Path | None = None) -> None:
+          as_json: bool, check_remote: bool = False, config_path: Path | None = None,
+          quarantine: bool = False) -> None:
     from vfsd.errors import StoreLocked, StoreVersionError
     from vfsd.fsck import fsck as run_fsck
     from vfsd.fsck import lock_all, readable
@@ -89,6 +96,10 @@ def _fsck(store_dir: Path, volume: str | None, repair: bool, verify: bool,
     try:
         report = run_fsck(st, repair=repair, verify=verify,
                           progress=sys.stderr.isatty() and not as_json, remote=remote)
+        if quarantine and report.damaged_blocks:
+            from vfsd.fsck import quarantine as move_to_lost_found
+
+            report.repaired += move_to_lost_found(st, report.damaged_blocks)
         after = run_fsck(st, verify=verify, remote=remote) \
             if repair and not report.clean else report
     finally:
