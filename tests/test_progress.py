@@ -1,9 +1,10 @@
 """Progress bars for long work, as the real commands show them: on a terminal
 only (stderr a pty), never with --json, never in a pipe or a log.
 
-`vfsd gc --compact` (the LMDB copy, in bytes) and `vfsd gc --remote` (the
-manifests read, the chunks listed) against a real store and a real SeaweedFS;
-`vfsd fsck --verify` (inodes, blocks, content).
+`vfsd gc --compact` (the LMDB copy, in bytes), `vfsd gc --remote` (the
+manifests read, the chunks listed) and a `vfsd mount --from` resume (the
+entries imported, told by the daemon) against a real store and a real
+SeaweedFS; `vfsd fsck --verify` (inodes, blocks, content).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 
 import pytest
 from conftest import VFSD, vfsd_cli
-from remote_run import FAST, snapshot, sync, use_server
+from remote_run import FAST, snapshot, status, sync, use_server
 from s3server import s3_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.fuse
@@ -87,3 +88,9 @@ def test_bucket_gc_shows_its_phases_on_a_terminal(s3_server, run_factory,  # noq
     assert "manifests read" in out
     piped = vfsd_cli("gc", "--remote", url, "--dry-run")
     assert "manifests:" not in piped.stderr and "chunks:" not in piped.stderr
+    # A --from resume: the import's entries, counted by the daemon, on the terminal.
+    run = status(a)["run"]
+    b = run_factory("resumed", mount=False)
+    code, out, term = on_a_terminal("mount", b.run_dir, "--remote", url, *FAST, "--from", run)
+    assert code == 0 and a_bar(term, "import"), term
+    assert (b.root / "big.bin").stat().st_size == 3 << 20

@@ -99,6 +99,9 @@ class Daemon:
         #: `on_wait(seconds, text)`: startup is about to wait up to `seconds` (for the
         #: object store, another worker's lease); `run_daemon` tells `vfsd mount`
         self.on_wait = lambda seconds, text: None
+        #: `on_progress(phase, done, total)`: how far a long start-up step got
+        #: (a `--from` import, in entries), for `vfsd mount`'s progress bar
+        self.on_progress = lambda phase, done, total: None
 
     # --------------------------------------------------------------- setup
 
@@ -150,6 +153,7 @@ class Daemon:
         if self.config.remote_url is not None:
             self.remote = _remote_tier(self.config.remote_url, self.config)
             self.remote.on_wait = self.on_wait
+            self.remote.on_progress = self.on_progress
         try:
             if self.resume_from is not None:
                 from vfsd.remote.remotetier import RemoteStartupError
@@ -487,6 +491,9 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
         log.info("startup_wait", seconds=round(seconds, 1), reason=text)
         say(f"WAIT {max(0.0, seconds):.1f} {text}")
 
+    def on_progress(phase: str, done: int, total: int | None) -> None:
+        say(f"PROGRESS {phase} {int(done)} {'' if total is None else int(total)}")
+
     # The store holds file contents: nobody but the owner may read it,
     # whatever the caller's umask (files in the mount get their own modes).
     os.umask(0o077)
@@ -495,6 +502,7 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     setup_logging(config.log_level, stream)
     daemon = Daemon(run, config, store_dir, volume, resume_from=resume_from)
     daemon.on_wait = on_wait
+    daemon.on_progress = on_progress
     try:
         daemon.prepare()
     except StartupError as exc:

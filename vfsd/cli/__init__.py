@@ -25,8 +25,9 @@ for every command):
   that does not change the outcome goes to stderr too (`warn`).
 - **Inputs as a tired user types them:** sizes take units (`SIZE`, `10G`,
   `256MiB`); paths inside the mount may be relative to its root or absolute.
-- **Progress bars** (`progress`) only when stderr is a terminal and `--json`
-  is off, so scripts and logs never see them.
+- **Progress bars** (`progress`, `phase_progress` for work in phases) only
+  when stderr is a terminal and `--json` is off, so scripts and logs never see
+  them; a daemon's start-up tells its progress on the ready pipe (`PROGRESS`).
 - **Light imports:** verb modules import `vfsd.control.client`, `rundir`,
   `config` and `common`; the store, snapshots, remote and daemon layers are
   imported inside the function that needs them, so `vfsd --help` and the verbs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -17,7 +18,16 @@ from vfsd.config import Config, ConfigError, load_config
 from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
 from vfsd.rundir import RunDir, mount_state, pid_alive, remove_stale_mount, utf8_problem
 
-from .common import EXIT_UNPUBLISHED, cli, emit, fail, human, json_option, warn
+from .common import (
+    EXIT_UNPUBLISHED,
+    cli,
+    emit,
+    fail,
+    human,
+    json_option,
+    phase_progress,
+    warn,
+)
 from .options import OPTION_KEYS, config_options
 
 #: seconds `vfsd mount` waits for the daemon, beyond the waits it announces
@@ -90,7 +100,8 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
 
         sys.exit(run_daemon(run, config, store_dir, volume, log_to_stderr=log_stderr,
                             resume_from=resume_from))
-    info = spawn_daemon(run, config, store_dir, volume, resume_from, mount_timeout)
+    info = spawn_daemon(run, config, store_dir, volume, resume_from, mount_timeout,
+                        progress=not as_json)
     doc = {"mountpoint": str(run.mountpoint), "store": str(store_dir), "volume": volume,
            **info}
     emit(doc, as_json, lambda d: f"vfsd: mounted {d['mountpoint']} (store {d['store']})")
@@ -175,12 +186,15 @@ class ForkedDaemon:
 
 
 def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
-                 resume_from: str | None = None, timeout: float = MOUNT_TIMEOUT_S) -> dict:
+                 resume_from: str | None = None, timeout: float = MOUNT_TIMEOUT_S,
+                 progress: bool = True) -> dict:
     """Start the daemon and return once its mount answers; its ready info.
 
     The daemon writes lines on a pipe: `WAIT SECONDS TEXT` (it is about to wait
     up to SECONDS, for TEXT: said on stderr if it lasts), then one of `READY
-    JSON` (mounted; JSON says read-only or not, and why) or `ERROR MESSAGE`.
+    JSON` (mounted; JSON says read-only or not, and why) or `ERROR MESSAGE`;
+    `PROGRESS PHASE DONE [TOTAL]` lines in between feed a progress bar (on a
+    terminal, with `progress`).
     The answer is bounded: `timeout` plus the waits announced. Past it the
     daemon is stopped and its mount removed: a failure leaves nothing mounted.
     """
@@ -202,6 +216,8 @@ def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     last_wait = ""
     buf = b""
     info: dict | None = None
+    bars = contextlib.ExitStack()
+    tell = bars.enter_context(phase_progress(enabled=progress))
     try:
         while info is None:
             now = time.monotonic()
@@ -233,6 +249,11 @@ def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
                         extra = 0.0
                     deadline = max(deadline, time.monotonic() + extra + timeout)
                     waiting, last_wait = (time.monotonic(), text), text
+                elif kind == "PROGRESS":
+                    phase, _, counts = rest.partition(" ")
+                    done, _, total = counts.partition(" ")
+                    with contextlib.suppress(ValueError):
+                        tell(phase, int(done), int(total) if total else None)
                 elif kind == "ERROR":
                     _reap(proc)
                     fail(rest)
@@ -242,6 +263,7 @@ def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
                     except ValueError:
                         info = {}
     finally:
+        bars.close()
         os.close(rfd)
     # The FUSE loop is running; wait until the mount answers a stat.
     answer_by = time.monotonic() + ANSWER_TIMEOUT_S

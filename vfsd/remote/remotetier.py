@@ -99,6 +99,8 @@ class RemoteTier:
         #: `wait(seconds, text)`: the mount is about to wait up to `seconds` for the
         #: reason `text` (the daemon tells `vfsd mount`, which says it at once)
         self.on_wait = lambda seconds, text: None
+        #: `on_progress(phase, done, total)`: an import's entries written so far
+        self.on_progress = lambda phase, done, total: None
 
     def _probe(self) -> RemoteError | None:
         """One bounded request before anything else at mount (HEAD bucket, a single
@@ -238,7 +240,7 @@ class RemoteTier:
                 st = open_store(create=True, chunk_size=snap.chunk_size)
             record = import_snapshot(st, snap, remote_url=str(self.url),
                                      latest=max(latest, seq), owner_token=self.owner.token,
-                                     generation=generation)
+                                     generation=generation, on_progress=self.on_progress)
         except (ResumeError, errors.StoreError, errors.StoreVersionError) as exc:
             if self.lease is not None:
                 self.lease.release()

@@ -250,12 +250,13 @@ def check_importable(st: Store, snap: RemoteSnapshot, remote_url: str) -> None:
 
 
 def import_snapshot(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
-                    owner_token: str, generation: int) -> dict:
+                    owner_token: str, generation: int, on_progress=None) -> dict:
     """Write `snap` into the volume of `st` (new, empty, or left incomplete by
     an import that died); the snapshot's record. `latest` is the newest seq
     the run has published (the run's next snapshot is after it);
     `generation` the lease generation this worker fenced the head with (0:
-    read-only). ResumeError if it cannot; the volume is then dropped (what
+    read-only). `on_progress("import", entries written, entries)` after each
+    batch (a progress bar). ResumeError if it cannot; the volume is then dropped (what
     the import wrote goes with it): close `st`, it serves no volume any more.
     """
     check_importable(st, snap, remote_url)
@@ -263,7 +264,8 @@ def import_snapshot(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest:
         if volume_state(st) == "incomplete":
             clear_volume(st)  # an import that died half way: start over
         record = _import(st, snap, remote_url=remote_url, latest=latest,
-                         owner_token=owner_token, generation=generation)
+                         owner_token=owner_token, generation=generation,
+                         tell=on_progress or (lambda phase, done, total: None))
     except BaseException as exc:
         try:
             drop_volume(st, st.volume)
@@ -278,7 +280,7 @@ def import_snapshot(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest:
 
 
 def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
-            owner_token: str, generation: int) -> dict:
+            owner_token: str, generation: int, tell) -> dict:
     seq = snap.seq
     vb = st._vb
     meta = st.db["meta"]
@@ -310,6 +312,7 @@ def _import(st: Store, snap: RemoteSnapshot, *, remote_url: str, latest: int,
             for ref, n in refs.items():
                 st.content.adopt(txn, ref, snap.sizes[ref], n,
                                  blob=snap.blobs.get(ref_digest(ref)))
+        tell("import", start + len(part), len(okeys))
     top = snap.top
     record = {"seq": seq, "id": snapshot_id(seq), "step": top.step,
               "created_ns": top.created_ns, "pinned": top.pinned, "label": top.label,
