@@ -94,3 +94,15 @@ def test_bucket_gc_shows_its_phases_on_a_terminal(s3_server, run_factory,  # noq
     code, out, term = on_a_terminal("mount", b.run_dir, "--remote", url, *FAST, "--from", run)
     assert code == 0 and a_bar(term, "import"), term
     assert (b.root / "big.bin").stat().st_size == 3 << 20
+
+
+@pytest.mark.skipif(os.environ.get("VFSD_LONG") != "1", reason="VFSD_LONG=1: 20,000 files")
+def test_a_first_snapshot_of_a_big_tree_shows_its_progress(run):
+    """The daemon builds a big tree's first snapshot in steps and says how far it
+    got in its stats; `vfsd snapshot` on a terminal draws that."""
+    subprocess.run("for d in $(seq 40); do mkdir d$d; for f in $(seq 500); do "
+                   ": > d$d/f$f; done; done", shell=True, cwd=run.root, check=True, timeout=900)
+    code, out, term = on_a_terminal("snapshot", run.run_dir)
+    assert code == 0 and out.strip() == "s1" and a_bar(term, "snapshot"), term
+    assert json.loads(vfsd_cli("status", run.run_dir, "--json").stdout)[
+        "snapshot_in_progress"] is None

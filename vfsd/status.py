@@ -81,6 +81,10 @@ def live_status(daemon) -> dict:
         "quota_used_bytes": ev.usage(),
         "quota_bytes": daemon.config.quota_bytes,
         "open_files": len(ops.files.files),
+        # A first snapshot being built in steps: objects recorded so far, and
+        # about how many there are (a progress bar for `vfsd snapshot`).
+        "snapshot_in_progress": getattr(getattr(daemon, "snapservice", None),
+                                        "first_progress", None),
         # Due files left alone because they are open: they go at their close
         # if still due (the first 100 paths).
         "eviction_deferred": ev.deferred_paths(100),

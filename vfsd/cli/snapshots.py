@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,7 +13,17 @@ import click
 from vfsd.config import load_config
 from vfsd.rundir import RunDir
 
-from .common import EXIT_USAGE, call, cli, emit, fail, human, json_option, running
+from .common import (
+    EXIT_USAGE,
+    call,
+    cli,
+    emit,
+    fail,
+    human,
+    json_option,
+    phase_progress,
+    running,
+)
 from .mount import say_degraded, spawn_daemon
 
 #: what each change mark of `vfsd diff` means (its legend)
@@ -59,8 +71,44 @@ def offline_snapshots(run: RunDir):
 @json_option
 def snapshot(run_dir: Path, pin: bool, label: str, as_json: bool) -> None:
     """Snapshot the files of RUN_DIR now; prints the snapshot's id (with --json, its record)."""
-    rec = call(run_dir, "snapshot", pin=pin, label=label)
+    args = {"pin": pin, "label": label}
+    if as_json or not sys.stderr.isatty():
+        rec = call(run_dir, "snapshot", **args)
+    else:
+        rec = _snapshot_watched(run_dir, args)
     emit(rec, as_json, lambda r: r["id"])
+
+
+def _snapshot_watched(run_dir: Path, args: dict) -> dict:
+    """The snapshot request, with a progress bar while the daemon builds a
+    first snapshot in steps (it says how far it got in its `stats`)."""
+    from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
+
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            result["rec"] = call(run_dir, "snapshot", **args)
+        except SystemExit as exc:  # `fail` in this thread: said, and exits below
+            result["exit"] = exc
+
+    worker = threading.Thread(target=work, name="vfsd-snapshot", daemon=True)
+    worker.start()
+    with phase_progress(unit=" objects") as tell:
+        while worker.is_alive():
+            worker.join(0.3)
+            if not worker.is_alive():
+                break
+            try:
+                with ControlClient(RunDir(run_dir).sock, timeout=5) as c:
+                    got = c.call("stats").get("snapshot_in_progress")
+            except (ControlError, DaemonUnreachable, OSError):
+                got = None
+            if got:
+                tell("snapshot", min(got["objects"], got["about"]), got["about"])
+    if "exit" in result:
+        raise result["exit"]
+    return result["rec"]
 
 
 @cli.command()

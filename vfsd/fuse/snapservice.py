@@ -62,6 +62,8 @@ class SnapshotService:
         self.ops = daemon.ops
         self.lock = trio.Lock()
         self.latency = Latencies()  # "snapshot", "restore": from the request to the reply
+        #: a first snapshot built in steps, while it runs: {"objects": N, "about": M}
+        self.first_progress: dict | None = None
 
     async def _quiesce(self) -> None:
         """Get programs' writes into the store, as content objects.
@@ -124,11 +126,14 @@ class SnapshotService:
     async def _first_in_steps(self, pinned: bool, label: str) -> dict:
         """The first snapshot of a large tree: read from one consistent view in
         worker threads, written a batch per short transaction, so the FUSE
-        loop keeps answering (`Snapshots.first_begin`)."""
+        loop keeps answering (`Snapshots.first_begin`). `first_progress` says
+        how far it got meanwhile (objects: an inode and a name per file)."""
         t0 = time.perf_counter()
         snaps = self.snaps
         view = snaps.first_begin()
         written = 0
+        inodes = self.store.counters()["inodes_allocated"]
+        self.first_progress = {"objects": 0, "about": max(1, 2 * inodes - 1)}
         try:
             after = None
             while True:
@@ -136,12 +141,15 @@ class SnapshotService:
                     snaps.first_read, view, after, self.FIRST_BATCH)
                 snaps.first_write(items)
                 written += len(items)
+                self.first_progress = {**self.first_progress, "objects": written}
                 if after is None:
                     break
             rec = snaps.first_finish(view, written=written, pinned=pinned, label=label)
         except BaseException:
             snaps.first_abort(view)
             raise
+        finally:
+            self.first_progress = None
         rec["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         rec["in_steps"] = True
         return rec
