@@ -51,20 +51,6 @@ log = structlog.get_logger("vfsd.daemon")
 SYNC_INTERVAL = 5.0
 #: seconds a sync waits after a delete, to cover a burst with one
 SYNC_BATCH_DELAY = 0.2
-#: seconds after READY before the heap start-up freed is given back (`_trim_heap`)
-HEAP_TRIM_DELAY = 0.3
-
-
-def _anon_kib() -> int | None:
-    """This process's anonymous resident memory (RssAnon), in KiB."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def _remote_tier(url: str, config: Config) -> RemoteTier:
@@ -291,7 +277,6 @@ class Daemon:
                 nursery.start_soon(self._group_commits, self.config.commit_window)
             nursery.start_soon(self._journal_loop)
             nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
-            nursery.start_soon(self._trim_heap)
             await trio.sleep(0)
             ready()
             log.info("mounted", mountpoint=str(self.run.mountpoint), store=str(self.store_dir),
@@ -334,20 +319,6 @@ class Daemon:
         finally:
             store.flush_group()
             store.group.enabled = False
-
-    async def _trim_heap(self) -> None:
-        """Give the system back the heap that starting freed (imports, opening
-        the store, the page walk): glibc keeps freed memory for reuse, and an
-        idle daemon then holds ~2 MiB more anonymous memory than it uses."""
-        await trio.sleep(HEAP_TRIM_DELAY)
-        before = _anon_kib()
-        try:
-            import ctypes  # loaded already (trio's thread cache)
-
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):
-            return  # not glibc: nothing to trim this way
-        log.info("heap_trimmed", anon_kib_before=before, anon_kib_after=_anon_kib())
 
     async def _sync_loop(self) -> None:
         """Sync the store in a worker thread soon after something was freed
