@@ -547,10 +547,21 @@ class Sandbox:
         os.close(info_w)
         os.close(block_r)
         os.close(args_r)
+        started = time.monotonic()
         sandbox_init = None
+        stopped = None
         try:
-            child = _read_child_pid(info_r)
-            if child is not None:
+            # Until bwrap has written the child's PID, the read end must stay
+            # open: closed early, bwrap dies of SIGPIPE between its clone and
+            # waking the child, which then waits for it for ever.
+            child = _read_child_pid(info_r, wall)
+            if child is None:
+                # bwrap died before telling, or took the whole wall time: its
+                # child (if cloned yet) sets no parent-death signal before it
+                # forks, so it must be found and killed by hand.
+                if _kill_with_children(proc):
+                    stopped = "timeout"
+            else:
                 # bwrap's first process in the new namespaces (their PID 1) waits on
                 # block_fd: it joins the cgroup and gets its rlimits before it forks
                 # anything, so all it starts inherits both.
@@ -561,11 +572,18 @@ class Sandbox:
                     if on_confined is not None:
                         _tell(on_confined, lambda: {"cgroup": group.name} if group.name else
                               {"pidns": os.readlink(f"/proc/{child}/ns/pid")})
-        except OSError as exc:
+        except BaseException as exc:
             _kill_pidfd(sandbox_init)
-            proc.kill()
+            _kill_with_children(proc)
             proc.wait()
-            raise SandboxUnavailable(f"execute could not confine the command: {exc}") from exc
+            if sandbox_init is not None:
+                os.close(sandbox_init)
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            if isinstance(exc, OSError):
+                raise SandboxUnavailable(f"execute could not confine the command: {exc}") from exc
+            raise
         finally:
             os.close(info_r)
             with contextlib.suppress(OSError):
@@ -590,7 +608,7 @@ class Sandbox:
             group.kill()
 
         try:
-            return self._supervise(proc, wall, group, kill, exited)
+            return self._supervise(proc, wall, group, kill, exited, started, stopped)
         finally:
             if sandbox_init is not None:
                 os.close(sandbox_init)
@@ -650,11 +668,14 @@ class Sandbox:
             resource.prlimit(pid, resource.RLIMIT_NPROC, (lim.processes, lim.processes))
 
     def _supervise(self, proc: subprocess.Popen, wall: float, group: cgroups.CallGroup,
-                   kill: Callable[[], None], exited: Callable[[], None]) -> RunResult:
+                   kill: Callable[[], None], exited: Callable[[], None],
+                   started: float | None = None, stopped: str | None = None) -> RunResult:
         """Collect output until the command and its pipes are done, enforcing the limits.
 
         `kill` stops the command and everything it started; `exited` runs once
         the command's process has exited, to end whatever it left behind.
+        The wall time counts from `started` (default: now); `stopped` says
+        the command was already stopped, and why.
         """
         assert proc.stdout is not None and proc.stderr is not None
         output = _Output(self.limits.output_bytes)
@@ -664,10 +685,10 @@ class Sandbox:
             poller.register(fd, select.POLLIN)
         exit_fd = os.pidfd_open(proc.pid)
         poller.register(exit_fd, select.POLLIN)
-        started = time.monotonic()
+        if started is None:
+            started = time.monotonic()
         deadline = started + wall if wall else None
         cpu_limit = self.limits.cpu_seconds if group.cpu_seconds() is not None else None
-        stopped: str | None = None
         exited_at: float | None = None
         try:
             while streams or exited_at is None:
@@ -789,27 +810,77 @@ def _tell(on_confined: Callable[[dict[str, Any]], None],
         logger.exception("execute: on_confined failed")
 
 
-def _read_child_pid(fd: int, wait: float = 30.0) -> int | None:
-    """The host PID of bwrap's sandbox process, from its --info-fd JSON."""
+def _read_child_pid(fd: int, wait: float = 0) -> int | None:
+    """The host PID of bwrap's sandbox process, from its --info-fd JSON.
+
+    Reads until the JSON is whole (bwrap writes it in pieces) or bwrap closed
+    the pipe (it died); None then, or after `wait` seconds (0: no limit). poll,
+    not select: a busy server's descriptors go past select's 1024.
+    """
     data = b""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
+    deadline = time.monotonic() + wait if wait else None
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not poller.poll(None if left is None else left * 1000):
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            continue
         chunk = os.read(fd, 4096)
         if not chunk:
-            break
+            return None
         data += chunk
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
             return int(json.loads(data)["child-pid"])
-    return None
+
+
+def _kill_with_children(proc: subprocess.Popen) -> bool:
+    """SIGKILL bwrap and the child it cloned, when that child's PID is not known.
+
+    bwrap is stopped first, so it cannot clone while its children are looked
+    for (the processes whose parent it is). False when it had exited already.
+    """
+    if proc.returncode is not None:
+        return False
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)  # not reaped yet: the PID is still bwrap's
+        # Returns once it is stopped or dead; WNOWAIT leaves its exit to proc.wait.
+        state = os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+    except (ProcessLookupError, ChildProcessError):
+        return False
+    if state is None or state.si_code != os.CLD_STOPPED:
+        return False
+    for pid in _children_of(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    return True
+
+
+def _children_of(parent: int) -> list[int]:
+    """PIDs of the processes whose parent is `parent`, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields follow the last ")".
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == parent:
+            found.append(int(name))
+    return found
 
 
 def _exited(pidfd: int, wait: float) -> bool:
     """True once the process behind `pidfd` has exited (waits up to `wait` s)."""
-    ready, _, _ = select.select([pidfd], [], [], wait)
-    return bool(ready)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(wait * 1000))
 
 
 def _kill_pidfd(pidfd: int | None) -> None:
