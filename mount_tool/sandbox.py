@@ -529,10 +529,17 @@ class Sandbox:
         os.close(args_w)
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         argv = [self._bwrap_path() or self.bwrap, "--args", str(args_r), "--", shell, "-c", command]
+        # With a cgroup, bwrap itself joins it before it starts (a shell holds
+        # it back, as for isolation="none"): the child it clones is in the group
+        # from birth, so the group's kill ends it even if bwrap dies before
+        # saying which child it made.
+        gated = bool(group.dirs)
+        if gated:
+            argv = ["/bin/sh", "-c", 'read -r _ && exec "$0" "$@" </dev/null', *argv]
         try:
             proc = subprocess.Popen(  # noqa: S603 - running the agent's command is the point
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=self._environment(),
@@ -554,6 +561,11 @@ class Sandbox:
             # Until bwrap has written the child's PID, the read end must stay
             # open: closed early, bwrap dies of SIGPIPE between its clone and
             # waking the child, which then waits for it for ever.
+            if gated:
+                assert proc.stdin is not None
+                group.add(proc.pid)
+                proc.stdin.write(b"\n")
+                proc.stdin.close()
             child = _read_child_pid(info_r, wall)
             if child is None:
                 # bwrap died before telling, or took the whole wall time: its
@@ -578,9 +590,10 @@ class Sandbox:
             proc.wait()
             if sandbox_init is not None:
                 os.close(sandbox_init)
-            for stream in (proc.stdout, proc.stderr):
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None:
-                    stream.close()
+                    with contextlib.suppress(OSError):
+                        stream.close()
             if isinstance(exc, OSError):
                 raise SandboxUnavailable(f"execute could not confine the command: {exc}") from exc
             raise

@@ -31,6 +31,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage  # no
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 
 import mount_tool  # noqa: E402
+from mount_tool import cgroups  # noqa: E402
 from mount_tool.deepagents import VfsdBackend, create_vfsd_deep_agent  # noqa: E402
 from mount_tool.sandbox import SANDBOX_DIRS, ExecLimits, Sandbox, SandboxUnavailable  # noqa: E402
 
@@ -353,6 +354,28 @@ def test_bwrap_slower_than_the_wall_time_leaves_nothing(mnt, tmp_path):
     res = b.execute(f": {marker}; echo ran", timeout=1)
     assert host_processes_with(marker) == []
     assert res.exit_code == 124 and "ran" not in res.output, res.output
+
+
+def test_bwrap_killed_before_it_names_its_child_leaves_nothing(mnt, tmp_path):
+    """bwrap dies after its clone, before its --info-fd JSON (strace kills it at
+    that first write): its child, which sets no parent-death signal before it
+    forks, would wait for it for ever; bwrap ran in the call's cgroup, so the
+    group's kill ends the child."""
+    strace, real = shutil.which("strace"), shutil.which("bwrap")
+    if strace is None or real is None:
+        pytest.skip("needs strace and bubblewrap")
+    if not cgroups.available():
+        pytest.skip("no cgroup here: a child bwrap never named cannot be found")
+    path = tmp_path / "killed-bwrap"
+    path.write_text(
+        f'#!/bin/sh\n[ "$1" = --args ] && exec {strace} -o /dev/null -e trace=write '
+        f'-e inject=write:signal=KILL:when=1 {real} "$@"\nexec {real} "$@"\n')
+    path.chmod(0o755)
+    b = VfsdBackend(mnt, bwrap=str(path))
+    marker = uuid.uuid4().hex
+    res = b.execute(f": {marker}; echo ran", timeout=30)
+    assert host_processes_with(marker) == []
+    assert "ran" not in res.output and res.exit_code != 0, res.output
 
 
 @pytest.mark.skipif(os.environ.get("VFSD_LONG") != "1",
