@@ -91,7 +91,13 @@ def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
 
 
 def files_of(root: Path, thread_id: str) -> dict:
-    return tree(root / "threads" / thread_dir_name(thread_id) / "fs")
+    """A thread's files, but for the empty `tmp/` its first execute makes (the
+    sandbox's persistent /tmp; what a command leaves there would show)."""
+    files = tree(root / "threads" / thread_dir_name(thread_id) / "fs")
+    if files.get("tmp/") == "dir" and not any(k.startswith("tmp/") and k != "tmp/"
+                                                for k in files):
+        del files["tmp/"]
+    return files
 
 
 def user(text: str) -> dict:

@@ -104,6 +104,17 @@ def test_create_rejects_bad_names(store: Store, bad: bytes) -> None:
         store.create(store.root_ino, bad, REG, UID, GID)
 
 
+@pytest.mark.parametrize("target", [b"", b"a\0b", b"x" * 4096], ids=["empty", "nul", "4096"])
+def test_create_refuses_a_symlink_target_fsck_would_refuse(store: Store, target: bytes) -> None:
+    """The store never makes what its own check (and an import) calls damage:
+    a NUL in a target made `vfsd fsck` report the store damaged."""
+    with pytest.raises(errors.InvalidArgument):
+        store.create(store.root_ino, b"l", stat.S_IFLNK | 0o777, UID, GID, target=target)
+    with pytest.raises(errors.NotFound):
+        store.lookup(store.root_ino, b"l")
+    store.create(store.root_ino, b"l", stat.S_IFLNK | 0o777, UID, GID, target=b"x" * 4095)
+
+
 def test_name_length_limit(store: Store) -> None:
     mkfile(store, store.root_ino, b"n" * 255)
     with pytest.raises(errors.NameTooLong):

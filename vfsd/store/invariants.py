@@ -18,15 +18,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from .inode import STATUS_NAMES, Inode
-from .namespace import MAX_NAME
+from .namespace import MAX_NAME, valid_link_target
 from .xattrstore import XATTR_FILE_MAX, XATTR_LIST_MAX
 
 #: The largest file: a truncate or write past it is EFBIG.
 MAX_FILE_SIZE = 1 << 44
 #: Steps are unsigned 64-bit in the store but signed in JSON tools: 2**63 - 1.
 MAX_STEP = (1 << 63) - 1
-#: A symlink target, as the kernel takes it (PATH_MAX without its NUL).
-MAX_LINK_TARGET = 4095
 #: One xattr value and one xattr name, as the kernel takes them.
 XATTR_VALUE_MAX = 64 * 1024
 XATTR_NAME_MAX = 255
@@ -58,7 +56,7 @@ def link_target_problems(inode: Inode, target: bytes) -> list[str]:
     what = f"inode {inode.ino}"
     if not inode.is_link:
         return [f"{what}: a {type_name(inode)} with a link target"] if target else []
-    if not target or len(target) > MAX_LINK_TARGET or b"\0" in target:
+    if not valid_link_target(target):
         return [f"{what}: symlink target of {len(target)} bytes is empty, too long or "
                 "holds a NUL"]
     if inode.size != len(target):

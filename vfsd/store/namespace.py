@@ -19,6 +19,8 @@ from .inode import NO_CALL, Inode
 from .keys import dentry_key, inode_key, now_ns
 
 MAX_NAME = 255
+#: A symlink target, as the kernel takes it (PATH_MAX without its NUL).
+MAX_LINK_TARGET = 4095
 #: generation numbers tell inode versions apart; they need no secrecy, and
 #: the system's random source costs a system call per file
 _generations = random.Random()
@@ -30,6 +32,10 @@ _U64X2 = struct.Struct(">QQ")
 def _u64(n: int) -> bytes:
     return _U64.pack(n)
 
+
+
+def valid_link_target(target: bytes) -> bool:
+    return 0 < len(target) <= MAX_LINK_TARGET and b"\0" not in target
 
 class NamespaceMixin:
     """The namespace half of `Store` (see `store` for the layout)."""
@@ -93,6 +99,11 @@ class NamespaceMixin:
         """Make a file, directory, device node or (with `target`) a symlink,
         made by tool call `call` (a key, see `calls`)."""
         self._check_name(name)
+        if target is not None and not valid_link_target(target):
+            # What fsck and an import refuse is never made (the kernel sends
+            # none of these; the store's own callers could).
+            raise errors.InvalidArgument(
+                f"a symlink target is 1 to {MAX_LINK_TARGET} bytes without a NUL")
         t = now_ns()
         with self.txn(write=True) as txn:
             p = self._parent_dir(txn, parent)
