@@ -380,9 +380,13 @@ class Daemon:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.info("signal", signum=signum)
-                notify.notify("STOPPING=1")
-                pyfuse3.terminate()
+                self.stop_serving()
                 return
+
+    def stop_serving(self) -> None:
+        """End the FUSE session and shut down as after an unmount (on the loop)."""
+        notify.notify("STOPPING=1")
+        pyfuse3.terminate()
 
     def ready_info(self) -> dict:
         """What `vfsd mount` says once mounted: read-only or not, and why."""

@@ -335,13 +335,20 @@ def umount(run_dir: Path, timeout: float, force: bool, as_json: bool) -> None:
     left = None
     if state == "live":
         left = _publish_first(run, deadline, force)
+        # Everything programs wrote reaches the daemon now: should another mount
+        # namespace hold the mount, unmounting here writes nothing back.
+        _syncfs(run.mountpoint)
         proc = subprocess.run(["fusermount3", "-u", "--", str(run.mountpoint)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             fail(f"cannot unmount {run.mountpoint}: {proc.stderr.strip()} "
                   "(files still open? see `fuser -vm` on it)")
     exit_by = max(deadline, time.monotonic() + 10.0)  # committing takes a moment
+    held_at = time.monotonic() + min(HELD_ELSEWHERE_AFTER, timeout)
     while pid_alive(pid) and time.monotonic() < exit_by:
+        if held_at is not None and time.monotonic() > held_at:
+            held_at = None
+            _stop_held_elsewhere(run)
         time.sleep(0.02)
     if pid_alive(pid):
         fail(f"the daemon (pid {pid}) did not exit within {timeout:.0f} s")
@@ -358,6 +365,41 @@ def umount(run_dir: Path, timeout: float, force: bool, as_json: bool) -> None:
              + f". They are kept in {run.path}'s local store; the next `vfsd mount "
                f"{run.path}` publishes them")
         sys.exit(EXIT_UNPUBLISHED)
+
+
+#: seconds after the unmount before a daemon still serving is taken to be held
+#: by another mount namespace (it commits and exits well within this otherwise)
+HELD_ELSEWHERE_AFTER = 3.0
+
+
+def _syncfs(path: Path) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        libc.syncfs(fd)  # best effort: the unmount writes back what it can too
+    finally:
+        os.close(fd)
+
+
+def _stop_held_elsewhere(run: RunDir) -> None:
+    """The mount is gone here but the daemon still serves: another mount
+    namespace holds a copy of the mount (`unshare -m`, a container or service
+    with private mounts started while it was up), and the kernel keeps the
+    session alive for it. Ask the daemon to end it (it refuses while the mount
+    is still here), and say so."""
+    try:
+        with ControlClient(run.sock, timeout=10.0) as c:
+            c.call("stop")
+    except (ControlError, DaemonUnreachable, OSError):
+        return  # stopping already, or it will say why in its log
+    warn(f"{run.mountpoint} was unmounted here, but another mount namespace still held "
+         "the mount (a process started with a private copy of the mount table); the "
+         "daemon ended the session, which ends the mount there too")
 
 
 def _forget_dead_daemon(run: RunDir) -> None:

@@ -25,6 +25,7 @@ import structlog
 import trio
 
 from vfsd import __version__, errors
+from vfsd.rundir import is_mount_point
 from vfsd.snapshots.snapshots import (
     FilesOpenForWriting,
     SnapshotError,
@@ -117,7 +118,7 @@ class ControlServer:
             "perf": self.op_perf, "info": self.op_info, "timeline": self.op_timeline,
             "warmup_plan": self.op_warmup_plan, "warmup_fetch": self.op_warmup_fetch,
             "call_begin": self.op_call_begin,
-            "call_end": self.op_call_end,
+            "call_end": self.op_call_end, "stop": self.op_stop,
         }
         # Requests that change files: refused once another worker holds the run.
         self.mutating = {"set_step", "evict", "set_status", "pin", "unpin", "restore", "unevict"}
@@ -371,6 +372,23 @@ class ControlServer:
 
     def op_ping(self, req: dict) -> dict:
         return {"pong": True, "pid": os.getpid(), "version": __version__}
+
+    async def op_stop(self, req: dict) -> dict:
+        """Stop a daemon whose mount `vfsd umount` removed, but which another
+        mount namespace still holds (a process that copied the mount table:
+        `unshare -m`, a container or a service with private mounts, a sandbox
+        cut short): the kernel keeps such a mount alive, so the daemon never
+        learns it is unmounted. Refused while the mount is still here."""
+        mountpoint = self.daemon.run.mountpoint
+        # In a worker thread: resolving our own mount point is answered by our loop.
+        if await trio.to_thread.run_sync(is_mount_point, mountpoint):
+            raise RequestError("mounted", f"{mountpoint} is still mounted: `vfsd umount` "
+                                          "unmounts it first")
+        log.warning("stop_requested",
+                    detail="unmounted here, but another mount namespace still holds the "
+                           "mount; ending the session ends it there too")
+        self.daemon.stop_serving()
+        return {"stopping": True}
 
     def op_stats(self, req: dict) -> dict:
         from vfsd.status import live_status
