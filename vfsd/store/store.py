@@ -590,15 +590,18 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         txn = g.txn
         if txn is None:
             return
-        g.txn, g.children = None, 0
         try:
             txn.commit()
         except lmdb.Error as exc:
             # Answered requests are lost: nobody can be told but the owner.
+            g.txn, g.children = None, 0
             g.enabled = False
             if g.on_failure is not None:
                 g.on_failure(exc)
             raise translate(exc) from exc
+        # Only now: the commit lets go of the GIL, and a worker thread that saw
+        # no group while it ran would read without waiting, from before it.
+        g.txn, g.children = None, 0
         g.commits += 1
 
     def _flush_before_sync(self) -> None:
