@@ -148,3 +148,30 @@ def test_diff_legend_attribute_only_directories_and_a_post_mortem(run):
     assert "content not verified" in plain.stdout + plain.stderr
     verified = run.cli("fsck", run.run_dir, "--verify")
     assert "content not verified" not in verified.stdout + verified.stderr
+
+
+@pytest.mark.fuse
+def test_drop_right_behind_a_daemon_on_its_way_out(tmp_path):
+    """A daemon removes its pid file, then closes the store and lets go of its
+    volume's lock: a drop just behind its unmount (a LangGraph thread's
+    deletion) waits for the lock instead of failing "in use by another vfsd"."""
+    from vfsd.rundir import RunDir
+
+    store, run_dir = tmp_path / "store", tmp_path / "a"
+    vfsd_cli("mount", run_dir, "--store", store)
+    (run_dir / "fs" / "x.txt").write_text("x\n")
+    vfsd_cli("umount", run_dir)
+    store_dir, volume = RunDir(run_dir).store_location()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from vfsd.rundir import lock_volume; "
+        "fd = lock_volume(Path(sys.argv[1]), sys.argv[2]); print('held', flush=True); "
+        "time.sleep(1.5)"), str(store_dir), volume], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        proc = vfsd_cli("drop", run_dir, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert holder.poll() is not None  # it dropped once the lock was let go
+        assert not run_dir.exists()
+    finally:
+        holder.kill()
+        holder.wait()

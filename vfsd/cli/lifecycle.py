@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import click
@@ -63,6 +64,10 @@ def drop(run_dir: Path, as_json: bool) -> None:
         f" and its volume in {r['store']}" if shared else ""))
 
 
+#: seconds a drop waits for the volume's lock of a daemon on its way out
+LOCK_RELEASE_WAIT = 10.0
+
+
 def _drop_volume(store_dir: Path, volume: str) -> None:
     """Drop `volume` of the store at `store_dir`, holding its lock (no daemon may serve it)."""
     import os
@@ -74,10 +79,18 @@ def _drop_volume(store_dir: Path, volume: str) -> None:
 
     if not (store_dir / "lmdb" / "data.mdb").exists():
         return  # the store was never written: nothing of the volume is there
-    try:
-        lock = lock_volume(store_dir, volume)
-    except StoreLocked as exc:
-        fail(str(exc))
+    # A daemon that was just unmounted removes its pid file, then closes the
+    # store and exits: its lock goes a moment after (a drop right behind an
+    # unmount, as a thread's deletion does, must not fail on that).
+    gone_by = time.monotonic() + LOCK_RELEASE_WAIT
+    while True:
+        try:
+            lock = lock_volume(store_dir, volume)
+            break
+        except StoreLocked as exc:
+            if time.monotonic() > gone_by:
+                fail(str(exc))
+            time.sleep(0.05)
     try:
         st = Store(store_dir, None, create=False)
         try:
