@@ -17,9 +17,9 @@ setup-demo:
 demo: setup-demo
 	@$(PY) -m mount_tool.demo
 
-# Two workers, a test file each at a time: most tests wait on mounts, daemons
+# Three workers, a test file each at a time: most tests wait on mounts, daemons
 # and servers rather than on the CPU. `make test PYTEST_JOBS=0` runs serially.
-PYTEST_JOBS ?= 2
+PYTEST_JOBS ?= 3
 test: setup
 	@$(PYTEST) -q -n $(PYTEST_JOBS) --dist loadfile
 
