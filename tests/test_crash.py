@@ -435,3 +435,29 @@ def test_kill_inside_the_commit_window_keeps_what_was_fsynced(crash_run: Mounted
     run.umount()
     proc = vfsd_cli("fsck", run.run_dir, "--verify", "--json", check=False)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_durability_sync_keeps_an_empty_file_close_returned_inside_the_commit_window(
+        crash_run: MountedRun):
+    """With durability = "sync" a file is durable when close() returns. A file
+    created and closed with nothing written had nothing dirty at FLUSH, so close()
+    returned while its create still sat in the open group (a second's window
+    here): a kill then lost it (the SIGKILL rounds found it, as an empty file)."""
+    run = crash_run
+    run.mount("--durability", "sync", "--commit-window", "1")
+    root = run.root
+    (root / "d").mkdir()
+    with open(root / "d/full", "wb") as f:  # its close() commits what came before
+        f.write(b"written\n")
+    names = [f"d/e{i}" for i in range(5)]
+    for name in names:
+        with open(root / name, "wb"):
+            pass
+    kill_daemon(run)
+
+    fsck_after_crash(run)
+    run.mount()
+    for name in names:
+        assert (root / name).exists() and (root / name).stat().st_size == 0, name
+    assert (root / "d/full").read_bytes() == b"written\n"
+    run.umount()

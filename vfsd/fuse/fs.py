@@ -891,7 +891,10 @@ class VfsdOperations(pyfuse3.Operations):
         # close() waits for this reply: with durability = "sync" the data is
         # on disk when close() returns.
         of = self.files.get(fh) if fh < ctldir.BASE else None
-        if of is not None and of.is_dirty:
+        # Writes that arrived before FLUSH committed as they came, but with
+        # group commit into the open group, which a daemon crash loses: close()
+        # must not return before it is committed (and synced).
+        if of is not None and (of.is_dirty or self.store.group.txn is not None):
             await self._make_durable(of)
 
     @_guard
