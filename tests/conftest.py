@@ -69,6 +69,37 @@ def unmount_quietly(mount) -> None:
             subprocess.run(["fusermount3", "-u", "-z", str(mount.root)], capture_output=True)
 
 
+def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
+    """Poll until `predicate()` holds (the kernel sends release/forget
+    asynchronously); AssertionError naming `what` after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def as_old_schema(store_dir: Path, schema: int, record_size: int,
+                  drop_dbs: tuple[bytes, ...] = ()) -> None:
+    """Turn a closed store into one an older vfsd wrote: inode records cut to
+    `record_size` bytes, the databases it did not have dropped, its schema."""
+    import lmdb
+
+    env = lmdb.open(str(store_dir / "lmdb"), max_dbs=64)
+    try:
+        with env.begin(write=True) as txn:
+            inodes = env.open_db(b"inode", txn=txn)
+            for key, val in list(txn.cursor(db=inodes)):
+                txn.put(key, bytes(val)[:record_size], db=inodes)
+            for name in drop_dbs:
+                txn.drop(env.open_db(name, txn=txn))
+            txn.put(b"schema", schema.to_bytes(4, "big"), db=env.open_db(b"meta", txn=txn))
+    finally:
+        env.close()
+
+
 @dataclass
 class MountedRun:
     """A run dir with a live vfsd mount on `root` (RUN_DIR/fs)."""

@@ -18,10 +18,10 @@ import json
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from ctl import call, connect
 from vfsdattr import attr_doc, vfsd_attr
 
@@ -92,15 +92,6 @@ def assert_listed(path: Path, size: int) -> None:
 def chunk_files(run) -> set[str]:
     """Names of the chunk files on disk (RUN_DIR/.vfsd/chunks/??/<hash>)."""
     return {p.name for p in run.state_dir.glob("chunks/??/*") if HEX32.match(p.name)}
-
-
-def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
-    """Poll until `predicate()` holds: the kernel sends release/forget asynchronously."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def mark_done(path: Path) -> None:

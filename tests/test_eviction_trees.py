@@ -12,11 +12,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import vfsd_cli
+from conftest import vfsd_cli, wait_for
 from ctl import call
 from vfsdattr import attr_doc
 
@@ -45,14 +44,6 @@ def files_under(path: Path) -> list[str]:
 
 def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*GIT, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-
-
-def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # ------------------------------------------------------------- last use

@@ -421,7 +421,7 @@ def test_opens_are_folded_into_the_next_pass(make) -> None:
 
 
 def test_a_schema_3_store_reads_as_never_opened_and_upgrades(tmp_path: Path) -> None:
-    import lmdb
+    from conftest import as_old_schema
 
     from vfsd.store import store as store_mod
     from vfsd.store.inode import _FORMAT_V3
@@ -430,13 +430,7 @@ def test_a_schema_3_store_reads_as_never_opened_and_upgrades(tmp_path: Path) -> 
     ino = st.create(st.root_ino, b"old.txt", REG, 0, 0).ino
     st.set_attrs(ino, step=4)
     st.close()
-    env = lmdb.open(str(tmp_path / "s" / "lmdb"), max_dbs=64)
-    with env.begin(write=True) as txn:
-        inodes = env.open_db(b"inode", txn=txn)
-        for key, val in list(txn.cursor(db=inodes)):
-            txn.put(key, bytes(val)[:_FORMAT_V3.size], db=inodes)
-        txn.put(b"schema", (3).to_bytes(4, "big"), db=env.open_db(b"meta", txn=txn))
-    env.close()
+    as_old_schema(tmp_path / "s", 3, _FORMAT_V3.size)
     st = Store(tmp_path / "s")
     inode = st.get_inode(ino)
     assert (inode.step, inode.used, inode.use_step) == (4, 0, 4)

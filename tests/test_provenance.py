@@ -228,7 +228,7 @@ def test_a_process_is_looked_up_once(run):
 def test_a_schema_2_store_is_upgraded_in_place(tmp_path):
     """Inode records of schema 2 are 16 bytes shorter: they read as made and
     changed by an unknown call, and the first writer upgrades the store."""
-    import lmdb
+    from conftest import as_old_schema
 
     from vfsd.store import store as store_mod
     from vfsd.store.inode import _FORMAT_V2, UNKNOWN_CALL
@@ -237,15 +237,7 @@ def test_a_schema_2_store_is_upgraded_in_place(tmp_path):
     st = Store(tmp_path / "s")
     ino = st.create(st.root_ino, b"old.txt", 0o100644, 0, 0).ino
     st.close()
-    env = lmdb.open(str(tmp_path / "s" / "lmdb"), max_dbs=64)
-    with env.begin(write=True) as txn:
-        inodes = env.open_db(b"inode", txn=txn)
-        for key, val in list(txn.cursor(db=inodes)):
-            txn.put(key, bytes(val)[:_FORMAT_V2.size], db=inodes)
-        for name in (b"call", b"steplog"):
-            txn.drop(env.open_db(name, txn=txn))
-        txn.put(b"schema", (2).to_bytes(4, "big"), db=env.open_db(b"meta", txn=txn))
-    env.close()
+    as_old_schema(tmp_path / "s", 2, _FORMAT_V2.size, drop_dbs=(b"call", b"steplog"))
 
     ro = Store(tmp_path / "s", readonly=True, create=False)  # read as it is
     assert ro.get_inode(ino).made_by == UNKNOWN_CALL

@@ -173,6 +173,20 @@ def is_mount_point(path: Path) -> bool:
     return os.fsencode(os.path.realpath(path)) in mounted_paths()
 
 
+def syncfs(path: Path) -> None:
+    """Write back every dirty page of the filesystem holding `path` (OSError if not)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+
+
 def remove_stale_mount(mountpoint: Path) -> bool:
     """Detach the mount on `mountpoint` lazily; True if fusermount3 succeeded.
 

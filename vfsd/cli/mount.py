@@ -16,7 +16,14 @@ import click
 
 from vfsd.config import Config, ConfigError, load_config
 from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
-from vfsd.rundir import RunDir, mount_state, pid_alive, remove_stale_mount, utf8_problem
+from vfsd.rundir import (
+    RunDir,
+    mount_state,
+    pid_alive,
+    remove_stale_mount,
+    syncfs,
+    utf8_problem,
+)
 
 from .common import (
     EXIT_UNPUBLISHED,
@@ -337,7 +344,8 @@ def umount(run_dir: Path, timeout: float, force: bool, as_json: bool) -> None:
         left = _publish_first(run, deadline, force)
         # Everything programs wrote reaches the daemon now: should another mount
         # namespace hold the mount, unmounting here writes nothing back.
-        _syncfs(run.mountpoint)
+        with contextlib.suppress(OSError):  # best effort: the unmount writes back too
+            syncfs(run.mountpoint)
         proc = subprocess.run(["fusermount3", "-u", "--", str(run.mountpoint)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
@@ -370,20 +378,6 @@ def umount(run_dir: Path, timeout: float, force: bool, as_json: bool) -> None:
 #: seconds after the unmount before a daemon still serving is taken to be held
 #: by another mount namespace (it commits and exits well within this otherwise)
 HELD_ELSEWHERE_AFTER = 3.0
-
-
-def _syncfs(path: Path) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        libc.syncfs(fd)  # best effort: the unmount writes back what it can too
-    finally:
-        os.close(fd)
 
 
 def _stop_held_elsewhere(run: RunDir) -> None:

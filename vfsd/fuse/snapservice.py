@@ -12,7 +12,6 @@ Operations are serialized by one lock; each store change is one transaction.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import time
@@ -24,7 +23,7 @@ import trio
 
 from vfsd import STATE_DIRNAME, errors
 from vfsd.latency import Latencies
-from vfsd.rundir import RunDir
+from vfsd.rundir import RunDir, syncfs
 from vfsd.snapshots.pathrestore import restore_paths
 from vfsd.snapshots.snapshots import (
     FilesOpenForWriting,
@@ -38,20 +37,6 @@ from vfsd.snapshots.snapshots import (
 from .writers import writers
 
 log = structlog.get_logger("vfsd.snapshots")
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def syncfs(path: Path) -> None:
-    """Write back every dirty page of the filesystem holding `path`."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _libc.syncfs(fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-    finally:
-        os.close(fd)
-
-
 class SnapshotService:
     """What the control socket calls for snapshots of the mounted volume."""
 

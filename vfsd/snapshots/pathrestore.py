@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 
 from vfsd import errors
-from vfsd.store.keys import dentry_key, now_ns
+from vfsd.store.keys import now_ns
 from vfsd.store.store import ROOT_INO
 
 from .snapshots import (
@@ -92,28 +92,10 @@ class PathRestore:
         """The inode at `path` in snapshot `seq`."""
         ino = ROOT_INO
         for name in split_path(path):
-            got = self.snaps.value_at(self.txn, dentry_key(ino, name.encode(
-                errors="surrogateescape")), seq)
-            if not got or not got[1]:
+            ino = self.snaps.lookup_in(self.txn, seq, ino, name.encode(errors="surrogateescape"))
+            if ino is None:
                 raise PathNotInSnapshot(f"snapshot {snapshot_id(seq)} has no {path!r}")
-            ino = _U64.unpack(got[1])[0]
         return ino
-
-    def _children(self, seq: int, ino: int) -> list[tuple[bytes, int]]:
-        """(name, child) of directory `ino` at snapshot `seq`."""
-        snaps = self.snaps
-        prefix = snaps._vb + b"d" + _U64.pack(ino)
-        cur = self.txn.cursor(db=snaps.db["sver"])
-        out: dict[bytes, bytes] = {}
-        if cur.set_range(prefix):
-            for k, v in cur:
-                if k[:len(prefix)] != prefix:
-                    break
-                nlen = k[len(prefix)]
-                name = bytes(k[len(prefix) + 1:len(prefix) + 1 + nlen])
-                if _U64.unpack(k[-8:])[0] <= seq:
-                    out[name] = bytes(v)
-        return [(n, _U64.unpack(v)[0]) for n, v in sorted(out.items()) if v]
 
     def _live_child(self, parent: int, name: bytes):
         raw = self.txn.get(self.st._key(parent) + name, db=self.st.db["dentry"])
@@ -142,8 +124,7 @@ class PathRestore:
         for i, name in enumerate(names):
             bname = name.encode(errors="surrogateescape")
             if snap is not None:
-                got = self.snaps.value_at(self.txn, dentry_key(snap, bname), seq)
-                snap = _U64.unpack(got[1])[0] if got and got[1] else None
+                snap = self.snaps.lookup_in(self.txn, seq, snap, bname)
             child = self._live_child(live, bname)
             if child is not None:
                 if not child.is_dir:
@@ -164,7 +145,7 @@ class PathRestore:
         live = self._live_child(parent, name)
         if live is not None:
             if live.is_dir and entry.inode.is_dir:
-                for cname, child in self._children(seq, ino):
+                for cname, child in self.snaps.readdir_in(self.txn, seq, ino):
                     self._place(seq, child, live.ino, cname,
                                 f"{path}/{cname.decode(errors='surrogateescape')}")
                 return
@@ -185,7 +166,7 @@ class PathRestore:
             self._drop(parent, name, live)
         new = self._put(seq, ino, parent, name, directory=entry.inode.is_dir)
         if entry.inode.is_dir:
-            for cname, child in self._children(seq, ino):
+            for cname, child in self.snaps.readdir_in(self.txn, seq, ino):
                 self._place(seq, child, new, cname,
                             f"{path}/{cname.decode(errors='surrogateescape')}")
         elif entry.inode.is_reg:

@@ -676,7 +676,11 @@ class Snapshots:
 
     def lookup(self, seq: int, parent: int, name: bytes) -> int | None:
         with self.store.txn() as txn:
-            got = self.value_at(txn, dentry_key(parent, name), seq)
+            return self.lookup_in(txn, seq, parent, name)
+
+    def lookup_in(self, txn, seq: int, parent: int, name: bytes) -> int | None:
+        """`lookup` inside the caller's transaction."""
+        got = self.value_at(txn, dentry_key(parent, name), seq)
         return _U64.unpack(got[1])[0] if got and got[1] else None
 
     def inode_at(self, seq: int, ino: int) -> InodeEntry | None:
@@ -688,29 +692,33 @@ class Snapshots:
         return unpack_inode_entry(ino, got[1]) if got and got[1] else None
 
     def readdir(self, seq: int, parent: int) -> list[tuple[bytes, int]]:
-        """(name, child) of a directory at snapshot `seq`, in a fixed order."""
+        """(name, child) of a directory at snapshot `seq`, in name order."""
+        with self.store.txn() as txn:
+            return self.readdir_in(txn, seq, parent)
+
+    def readdir_in(self, txn, seq: int, parent: int) -> list[tuple[bytes, int]]:
+        """`readdir` inside the caller's transaction."""
         out = []
         prefix = self._vb + b"d" + _U64.pack(parent)
-        with self.store.txn() as txn:
-            cur = txn.cursor(db=self.db["sver"])
-            if not cur.set_range(prefix):
-                return out
-            best: tuple[bytes, bytes] | None = None  # (name, value) of the current name
-            current = None
-            for k, v in cur:
-                if k[:len(prefix)] != prefix:
-                    break
-                nlen = k[len(prefix)]
-                name = bytes(k[len(prefix) + 1:len(prefix) + 1 + nlen])
-                s = _U64.unpack(k[-8:])[0]
-                if name != current:
-                    if best is not None and best[1]:
-                        out.append((best[0], _U64.unpack(best[1])[0]))
-                    current, best = name, None
-                if s <= seq:
-                    best = (name, bytes(v))
-            if best is not None and best[1]:
-                out.append((best[0], _U64.unpack(best[1])[0]))
+        cur = txn.cursor(db=self.db["sver"])
+        if not cur.set_range(prefix):
+            return out
+        best: tuple[bytes, bytes] | None = None  # (name, value) of the current name
+        current = None
+        for k, v in cur:
+            if k[:len(prefix)] != prefix:
+                break
+            nlen = k[len(prefix)]
+            name = bytes(k[len(prefix) + 1:len(prefix) + 1 + nlen])
+            s = _U64.unpack(k[-8:])[0]
+            if name != current:
+                if best is not None and best[1]:
+                    out.append((best[0], _U64.unpack(best[1])[0]))
+                current, best = name, None
+            if s <= seq:
+                best = (name, bytes(v))
+        if best is not None and best[1]:
+            out.append((best[0], _U64.unpack(best[1])[0]))
         return out
 
     def path_at(self, txn, seq: int, ino: int) -> str | None:
