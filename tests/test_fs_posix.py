@@ -643,3 +643,42 @@ def test_readdir_lists_dot_and_dotdot_as_ext4_does(run):
         assert names(dirp, 2) == after and first[:2] == [".", ".."]
     finally:
         libc.closedir(dirp)
+
+
+def _dots(directory: Path) -> list[int]:
+    """d_ino of `.` and `..` as readdir(3) gives them (ls -i stats them instead)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.opendir.restype = libc.readdir.restype = ctypes.c_void_p
+    libc.readdir.argtypes = libc.closedir.argtypes = [ctypes.c_void_p]
+    dirp = libc.opendir(str(directory).encode())
+    assert dirp, ctypes.get_errno()
+    try:
+        got = []
+        for _ in range(2):
+            ent = libc.readdir(dirp)
+            assert ent, ctypes.get_errno()
+            # struct dirent64: d_ino 8, d_off 8, d_reclen 2, d_type 1, d_name
+            got.append((ctypes.string_at(ent + 19).decode(),
+                        ctypes.c_uint64.from_address(ent).value))
+    finally:
+        libc.closedir(dirp)
+    assert [name for name, _ in got] == [".", ".."], got
+    return [ino for _, ino in got]
+
+
+def test_dotdot_in_the_snapshot_and_evicted_views_names_the_parent(run_factory):
+    """`..` inside `.vfsd/snapshots/sN/a/b` and `.vfsd/evicted/a/b` is the
+    directory above, as stat sees it (it named the directory itself)."""
+    import mount_tool
+
+    run = run_factory("dots", "--max-age-steps", "1")
+    m = mount_tool.Mount.attach(run.run_dir)
+    try:
+        m.write("a/b/c/f.txt", "x")
+        ident = m.snapshot()["id"]
+        assert {r["path"] for r in m.set_step(3)["evicted"]} == {"a/b/c/f.txt"}
+        for top in (run.root / ".vfsd" / "snapshots" / ident, run.root / ".vfsd" / "evicted"):
+            for d in (top, top / "a", top / "a" / "b", top / "a" / "b" / "c"):
+                assert _dots(d) == [os.stat(d).st_ino, os.stat(d.parent).st_ino], d
+    finally:
+        m.detach()

@@ -103,6 +103,11 @@ class EvictedView:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._entry(path, kind)
 
+    def parent_of(self, ino: int) -> int:
+        """The directory a `..` entry names (the view's own for its top level)."""
+        path = self._path(ino)
+        return self._ino(path.rpartition("/")[0]) if path else ctldir.DIR_INO
+
     def opendir(self, ino: int) -> int:
         self._path(ino)
         return ino

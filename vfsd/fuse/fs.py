@@ -974,9 +974,9 @@ class VfsdOperations(pyfuse3.Operations):
         if fh == snapview.DIR_INO:
             return ctldir.DIR_INO
         if snapview.is_snap(fh):
-            return snapview.DIR_INO if self._snapview().is_root(fh) else fh
+            return self._snapview().parent_of(fh)
         if evictedview.is_evicted(fh):
-            return ctldir.DIR_INO if fh == evictedview.DIR_INO else fh
+            return self._evictedview().parent_of(fh)
         if fh == ctldir.DIR_INO or fh in ctldir.SANDBOX_INOS:
             return pyfuse3.ROOT_INODE
         if ctldir.is_mirror(fh):

@@ -130,9 +130,12 @@ class SnapshotView:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._entry(seq, child)
 
-    def is_root(self, fuse_ino: int) -> bool:
-        """Whether `fuse_ino` is a snapshot's root directory (`.vfsd/snapshots/sN`)."""
-        return self._decode(fuse_ino)[1] == ROOT_INO
+    def parent_of(self, fuse_ino: int) -> int:
+        """The directory a `..` entry names: `.vfsd/snapshots` for a snapshot's
+        root, else the directory's parent as the snapshot holds it."""
+        seq, ino = self._decode(fuse_ino)
+        got = None if ino == ROOT_INO else self.snaps.inode_at(seq, ino)
+        return self._fuse_ino(seq, got.parent) if got and got.parent else DIR_INO
 
     def readdir(self, fuse_ino: int, start: int, reply) -> None:
         """List a directory; `reply(name, entry, cookie)` is pyfuse3.readdir_reply's part."""
