@@ -164,6 +164,8 @@ def test_repair_quarantines_damaged_files_into_lost_and_found(run):
     data = os.urandom(3 * mib)
     (run.root / "sub").mkdir()
     (run.root / "sub" / "big.bin").write_bytes(data)
+    (run.root / "sub" / "more").mkdir()  # every name goes, the first to lost+found
+    os.link(run.root / "sub" / "big.bin", run.root / "sub" / "more" / "big-link.bin")
     (run.root / "good.bin").write_bytes(os.urandom(2 * mib))
     good = (run.root / "good.bin").read_bytes()
     ino = os.stat(run.root / "sub" / "big.bin").st_ino
@@ -175,10 +177,13 @@ def test_repair_quarantines_damaged_files_into_lost_and_found(run):
     assert vfsd_cli("fsck", run.run_dir, "--quarantine", check=False).returncode == 2
     proc = vfsd_cli("fsck", run.run_dir, "--repair", "--verify", "--quarantine", check=False)
     assert proc.returncode == 0 and f"as lost+found/{ino}-big.bin" in proc.stdout, proc
+    assert "its other name(s) removed: sub/more/big-link.bin" in proc.stdout, proc.stdout
     assert vfsd_cli("fsck", run.run_dir, "--verify").returncode == 0
     run.mount()
     moved = run.root / "lost+found" / f"{ino}-big.bin"
     assert not (run.root / "sub" / "big.bin").exists()
+    assert not (run.root / "sub" / "more" / "big-link.bin").exists()
+    assert os.stat(moved).st_nlink == 1
     assert oct(os.stat(run.root / "lost+found").st_mode & 0o777) == "0o700"
     got = subprocess.run(["cat", str(moved)], capture_output=True, check=True).stdout
     assert got == data[:mib] + bytes(mib) + data[2 * mib:]

@@ -235,9 +235,16 @@ def quarantine(store: Store, damaged: list[tuple[str, int, list[int]]]) -> list[
             continue
         was = view.path_of(ino) or f"<inode {ino}>"
         names = view.names_of(ino)
+        also = []
         if names and names[0][0] != folder.ino:
             parent, base = names[0]
             view.rename(parent, base, folder.ino, (b"%d-" % ino + base)[:255], noreplace=True)
+            # Its other hard links would go on serving the zeros under their
+            # old names: lost+found keeps the one name.
+            for parent, base in names[1:]:
+                if parent != folder.ino:
+                    also.append(_path_in(view, parent, base))
+                    view.unlink(parent, base)
         freed = []
         with view.txn(write=True) as txn:
             inode = view._get_inode(txn, ino)
@@ -254,11 +261,18 @@ def quarantine(store: Store, damaged: list[tuple[str, int, list[int]]]) -> list[
             view._put_inode(txn, inode)  # the next snapshot records the change
         view._delete_unreferenced(freed)
         now = view.path_of(ino) or was
-        done.append(f"quarantined {was} as {now}: {len(blocks)} damaged block(s) dropped "
-                    "(they read as zeros)" if len(store.volumes()) == 1 else
-                    f"volume {name!r}: quarantined {was} as {now}: {len(blocks)} damaged "
-                    "block(s) dropped (they read as zeros)")
+        line = f"quarantined {was} as {now}: {len(blocks)} damaged block(s) dropped " \
+               "(they read as zeros)"
+        if also:
+            line += f"; its other name(s) removed: {', '.join(also)}"
+        done.append(line if len(store.volumes()) == 1 else f"volume {name!r}: {line}")
     return done
+
+
+def _path_in(view, parent: int, base: bytes) -> str:
+    above = view.path_of(parent) if parent != ROOT_INO else ""
+    name = base.decode(errors="surrogateescape")
+    return f"{above}/{name}" if above else name
 
 
 def _check_upload(store: Store, txn, rep: FsckReport) -> bool:
