@@ -778,7 +778,8 @@ class VfsdMiddleware(AgentMiddleware):
     def _turn_update_on(self, m: Mount, state: Mapping[str, Any]
                         ) -> tuple[dict[str, Any] | None, str | None]:
         """The `files` update of the turn that ended, and the note for the model
-        when the step advance evicted files it had used (refs in `files`)."""
+        when the step advance evicted files it had used (refs in `files`, or
+        opened since they were written)."""
         warn_if_unwrapped(self.files)
         files = state.get("files") or {}
         step = m.get_step()
@@ -794,6 +795,10 @@ class VfsdMiddleware(AgentMiddleware):
                 if ref and ref.get("ino") in evicted:
                     updates[key] = None
                     touched.add(ref["ino"])
+            # Files the run only read (inputs put there before it) have no ref;
+            # one opened after its last write was read by the agent's tools.
+            touched.update(rec["ino"] for rec in records
+                           if rec.get("used_step", 0) > rec.get("step", 0))
             if touched:
                 note = turn_note(m, records, touched)
         return ({"files": updates} if updates else None), note

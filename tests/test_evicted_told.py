@@ -134,3 +134,33 @@ def test_the_model_is_told_once_per_thread(tmp_path):
         notes_b = [i for i, call in enumerate(rec.calls) if "[vfsd] Eviction removed" in
                    str(call[0].content)]
         assert notes_b == [3], notes_b
+
+
+def test_the_model_is_told_of_a_file_it_only_read(tmp_path):
+    """An input put in the mount before the run (no ref in `files`) that the
+    agent reads at step 2 is evicted at step 5 (max_age 2, age from last use):
+    that model call says so; an input nobody opened leaves without a note."""
+    script = [
+        turn(tool_call("read_file", "r1", file_path="/input.csv")),
+        turn(tool_call("ls", "l1", path="/")),
+        turn(tool_call("ls", "l2", path="/")),
+        turn(tool_call("ls", "l3", path="/")),
+        AIMessage(content="done"),
+    ]
+    rec = RecordingModel(script)
+    with mount_tool.runs(tmp_path / "runs", max_age_steps=2) as runs:
+        m = runs.get("r")
+        m.write("input.csv", "a,b\n1,2\n")
+        m.write("unread.csv", "c\n")
+        m.set_step(1)
+        agent = create_vfsd_deep_agent(runs, rec.model, checkpointer=InMemorySaver())
+        state = agent.invoke({"messages": [HumanMessage("go")]},
+                             {"configurable": {"thread_id": "r"}})
+        read = next(msg for msg in state["messages"] if getattr(msg, "tool_call_id", "") == "r1")
+        assert "a,b" in read.content
+        notes = [str(call[0].content) for call in rec.calls
+                 if "[vfsd] Eviction removed" in str(call[0].content)]
+        assert len(notes) == 1, notes
+        assert "/input.csv (evicted at step 5 (max_age" in notes[0], notes[0]
+        assert "unread.csv" not in notes[0]
+        assert m.eviction("unread.csv")["evicted"] is not None
