@@ -797,8 +797,10 @@ class VfsdMiddleware(AgentMiddleware):
                     touched.add(ref["ino"])
             # Files the run only read (inputs put there before it) have no ref;
             # one opened after its last write was read by the agent's tools.
+            # (Staged arguments and /tmp are the middleware's and the sandbox's.)
             touched.update(rec["ino"] for rec in records
-                           if rec.get("used_step", 0) > rec.get("step", 0))
+                           if rec.get("used_step", 0) > rec.get("step", 0)
+                           and not _is_staged(virtual_path(rec.get("path", ""))))
             if touched:
                 note = turn_note(m, records, touched)
         return ({"files": updates} if updates else None), note
