@@ -341,6 +341,19 @@ def timed_backend(base: type, timings: Timings) -> type:
     return Timed
 
 
+def _fd_kinds() -> dict[str, int]:
+    """This process's open descriptors by kind (socket, pipe, anon_inode, a path's top dirs)."""
+    kinds: dict[str, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        kind = target.split(":")[0] if ":" in target else "/".join(target.split("/")[:3])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
 async def _run_threads(agent, threads: list[str], active: int, starts: dict, turn: int,
                        sampler) -> None:
     gate = asyncio.Semaphore(active)
@@ -410,6 +423,7 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                 elapsed = time.perf_counter() - t_all
                 sample(force=True)
                 end_memory = vfsd_memory(vfsd_processes(work))
+                fds = _fd_kinds()
                 gc.collect()
                 own_growth = (_smaps(os.getpid()).get("RssAnon", 0) - own_before) / 2**20
                 first_write = [timings.first_write[t] - starts[t] for t in threads
@@ -423,6 +437,8 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                     # The agent's own process: where StateBackend keeps the files (in the
                     # checkpoints), and what a Runs costs the server in bookkeeping.
                     "agent_process_growth_mib": own_growth,
+                    # Descriptors the agents' process holds once every thread is done.
+                    "agent_process_fds": fds,
                     "first_write_ms": {"p50": pct(first_write, 0.5) * 1e3,
                                        "p95": pct(first_write, 0.95) * 1e3},
                     "calls_ms": {kind: {"n": len(v), "p50": pct(v, 0.5) * 1e3,

@@ -317,7 +317,6 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             tf = self._threads[key]
             if not tf.busy:
                 del self._threads[key]
-                tf.record.close()
                 excess -= 1
 
     def _state_key(self, thread: str) -> str:
@@ -677,9 +676,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             return
         with self._threads_lock:
             key = str(self.runs.run_dir(thread) / ".vfsd")
-            tf = self._threads.pop(key, None)
-        if tf is not None:
-            tf.record.close()
+            self._threads.pop(key, None)
         self.runs.delete(thread)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:

@@ -169,7 +169,9 @@ class RunDirRecord:
 
     `langgraph.position` (rewritten at every checkpoint, in place: one small
     `pwrite` padded with spaces, which JSON ignores, instead of a rename that
-    costs ~0.4 ms): position = {"checkpoint", "snapshot", "run"}, the checkpoint
+    costs ~0.4 ms; opened for each write, since a descriptor kept per thread
+    ran a server of a thousand threads into the usual limit of 1,024 open
+    files): position = {"checkpoint", "snapshot", "run"}, the checkpoint
     the live files follow (the last one written by a run, or restored). A
     position that does not read back is taken as unknown, which only makes
     the next run start restore when in doubt.
@@ -179,8 +181,6 @@ class RunDirRecord:
     thread: str | None = None
     position: dict[str, str] | None = None
     pins: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _position_fd: int | None = field(default=None, repr=False)
-    _position_len: int = field(default=0, repr=False)
 
     @property
     def path(self) -> Path:
@@ -221,35 +221,20 @@ class RunDirRecord:
 
     def save_position(self) -> None:
         data = json.dumps(self.position).encode()
-        if self._position_fd is None:
-            self._position_fd = os.open(self.position_path, os.O_RDWR | os.O_CREAT, 0o600)
-            self._position_len = os.fstat(self._position_fd).st_size
-        padded = data.ljust(max(self._position_len, 256))
-        os.pwrite(self._position_fd, padded, 0)
-        self._position_len = len(padded)
+        fd = os.open(self.position_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            # Padded over what a longer position left, so no stale tail stays.
+            os.pwrite(fd, data.ljust(max(os.fstat(fd).st_size, 256)), 0)
+        finally:
+            os.close(fd)
 
     def clear(self) -> None:
         self.thread, self.position, self.pins = None, None, {}
-        if self._position_fd is not None:
-            os.close(self._position_fd)
-            self._position_fd, self._position_len = None, 0
         for path in (self.path, self.position_path):
             try:
                 path.unlink()
             except FileNotFoundError:
                 pass
-
-    def close(self) -> None:
-        """Close the position file (the record may be used again: it reopens)."""
-        fd, self._position_fd, self._position_len = self._position_fd, None, 0
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def __del__(self) -> None:
-        self.close()
 
 
 def _remove_tree(dir_fd: int, name: str) -> None:
