@@ -38,10 +38,12 @@ fi
 
 PY="${PYTHON:-python3}"
 stamp=.venv/.vfsd-installed
-want="$(sha256sum pyproject.toml | cut -c1-16)-$EXTRAS"
+# What the venv was made from: the pins and this script.
+made_from="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+want="$made_from-$EXTRAS"
 have="$(cat "$stamp" 2>/dev/null || true)"
 # A venv made for the tests serves the demo as it is.
-if [ "$MODE" = demo ] && [ "$have" = "$(sha256sum pyproject.toml | cut -c1-16)-dev,agents" ]; then
+if [ "$MODE" = demo ] && [ "$have" = "$made_from-dev,agents" ]; then
     want="$have"
 fi
 if [ ! -x .venv/bin/python ] || [ "$have" != "$want" ]; then
@@ -53,10 +55,11 @@ if [ ! -x .venv/bin/python ] || [ "$have" != "$want" ]; then
     if [ "$MODE" = test ]; then
         # Wheels of vfsd's runtime dependencies, so tests/test_install.py installs
         # the built wheel into a fresh venv offline (--no-index --find-links).
-        # The build backend goes there too: `pip install .` builds in isolation.
+        # The build backend goes there too: `pip install .` builds in isolation;
+        # and the pip that pipx (1.18) puts in its shared libraries.
         rm -rf .venv/wheelhouse
         .venv/bin/python -m pip wheel -q -w .venv/wheelhouse --no-build-isolation . \
-            "setuptools==80.9.0" 2>&1 | grep -v "^WARNING: Location" || true
+            "setuptools==80.9.0" "pip==26.1.2" 2>&1 | grep -v "^WARNING: Location" || true
         rm -f .venv/wheelhouse/vfsd-*.whl
     fi
     echo "$want" > "$stamp"

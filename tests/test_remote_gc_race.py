@@ -46,7 +46,10 @@ def test_gc_with_frozen_store_and_racing_publishers_loses_no_chunk(s3_private_se
     bucket = Bucket(server, url)
     rng = random.Random(20)
     pool = [rng.randbytes(MiB) for _ in range(4)]
-    workers = [run_factory(f"w{i}", "--remote", url, "--snapshot-keep-last", "2", *FAST)
+    # Only the last two snapshots stay (none kept for being young: the step
+    # never moves here), so the bucket's manifests retire and chunks become garbage.
+    workers = [run_factory(f"w{i}", "--remote", url, "--snapshot-keep-last", "2",
+                           "--snapshot-keep-steps", "0", *FAST)
                for i in range(2)]
     stop = threading.Event()
     failures: list[str] = []
