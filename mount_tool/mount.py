@@ -11,7 +11,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import stat
 import subprocess
 import time
@@ -40,7 +39,6 @@ from .spawn import run_vfsd
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.
 PING_WAIT_SECONDS = 10.0
-_OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
 #: FUSE's root inode number: what the mount root's fd must show
 FUSE_ROOT_INO = 1
 # What _read_same_inode returns when the inode is there but cannot match the ref.
@@ -68,13 +66,18 @@ def _not_regular(rel: str) -> OSError:
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
     """True when `path` is a mount point in this process's mount namespace."""
-    target = os.fsencode(os.path.realpath(path))
-    # Bytes: a mount point's name need not be UTF-8.
+    return _mount_point_listed(os.fsencode(os.path.realpath(path)))
+
+
+def _mount_point_listed(target: bytes) -> bool:
+    """Whether /proc/self/mountinfo lists the canonical path `target` (bytes: a
+    mount point's name need not be UTF-8)."""
+    # mountinfo escapes space, tab, newline and backslash as \ooo: escape the
+    # target once instead of unescaping every line.
+    escaped = b"".join(b"\\%03o" % c if c in b" \t\n\\" else bytes((c,)) for c in target)
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            # mountinfo escapes space, tab, newline and backslash as \ooo.
-            field = line.split(b" ")[4]
-            if _OCTAL_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field) == target:
+            if line.split(b" ", 5)[4] == escaped:
                 return True
     return False
 
@@ -164,7 +167,7 @@ class Mount:
     def attach(cls, run_dir: str | os.PathLike[str]) -> Mount:
         """Use the vfsd already serving `run_dir`; never unmounts it on close."""
         m = cls(run_dir, started=False)
-        if not is_mounted(m.root):
+        if not m.is_mounted():
             raise MountError(f"{m.root} is not mounted")
         if not m.client.ping():
             raise MountError(
@@ -172,6 +175,11 @@ class Mount:
                 f"a crashed daemon leaves a dead mount: `fusermount3 -u -z {m.root}`"
             )
         return m
+
+    def is_mounted(self) -> bool:
+        """Whether the mount is still there (`root` is canonical: no realpath,
+        whose lstat of the mount root would wait on a busy daemon)."""
+        return _mount_point_listed(os.fsencode(self.root))
 
     def _wait_for_ping(self) -> bool:
         deadline = time.monotonic() + PING_WAIT_SECONDS
@@ -186,7 +194,7 @@ class Mount:
         """Unmount the run dir (whoever started the daemon) and close the client."""
         self.client.close()
         proc = _run_vfsd("umount", str(self.run_dir))
-        if proc.returncode != 0 and is_mounted(self.root):
+        if proc.returncode != 0 and self.is_mounted():
             raise MountError(
                 f"vfsd umount {self.run_dir} exited {proc.returncode}: "
                 f"{(proc.stderr or proc.stdout).strip()}"

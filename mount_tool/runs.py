@@ -267,7 +267,7 @@ class Runs:
         """The entry's live mount (entry.lock held)."""
         m = entry.mount
         if m is not None:
-            if is_mounted(m.root):
+            if m.is_mounted():
                 return m
             entry.mount = None  # unmounted behind our back (a crash, `vfsd umount`)
         self._claim_dir(entry)

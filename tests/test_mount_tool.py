@@ -271,6 +271,19 @@ def test_attach_and_context_manager(make_mount, tmp_path: Path) -> None:
         mount_tool.Mount.attach(tmp_path / "own")
 
 
+def test_a_run_dir_with_spaces_tabs_and_backslashes_is_seen_mounted(tmp_path: Path) -> None:
+    """/proc/self/mountinfo escapes these as \\ooo: a mount there is found, and
+    found gone after the unmount, by the path and by the Mount."""
+    link = tmp_path / "via link"
+    link.symlink_to(tmp_path, target_is_directory=True)
+    odd = link / "a b\tc\\d"
+    with mount_tool.mount(odd) as m:
+        assert m.is_mounted() and is_mounted(m.root) and is_mounted(odd / "fs")
+        assert not str(m.root).startswith(str(link))  # canonical: the link resolved
+        m.write("x.txt", "x")
+    assert not m.is_mounted() and not is_mounted(odd / "fs")
+
+
 def test_stats_and_unknown_op(shared) -> None:
     m = shared
     m.write("s.txt", "s")
