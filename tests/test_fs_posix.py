@@ -609,6 +609,9 @@ def test_readdir_lists_dot_and_dotdot_as_ext4_does(run):
     assert [name for _, name in listed[:2]] == [".", ".."], listed[:3]
     assert int(listed[0][0]) == os.stat(sub).st_ino
     assert int(listed[1][0]) == os.stat(sub.parent).st_ino
+    # ls -i stats the dots: readdir's own d_ino must say the same.
+    assert _dots(sub) == [os.stat(sub).st_ino, os.stat(sub.parent).st_ino]
+    assert _dots(run.root / ".vfsd")[1] == os.stat(run.root).st_ino
     assert sorted(name for _, name in listed[2:]) == [f"f{i:03d}" for i in range(300)]
     # find counts no extra entries, and the root and .vfsd list them too.
     assert subprocess.run(["find", str(sub)], capture_output=True, text=True, check=True,
