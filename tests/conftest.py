@@ -69,6 +69,19 @@ def unmount_quietly(mount) -> None:
             subprocess.run(["fusermount3", "-u", "-z", str(mount.root)], capture_output=True)
 
 
+def open_files_under(root: Path) -> list[str]:
+    """Paths under `root` that this process holds open."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target == str(root) or target.startswith(f"{root}/"):
+            held.append(target)
+    return held
+
+
 def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
     """Poll until `predicate()` holds (the kernel sends release/forget
     asynchronously); AssertionError naming `what` after `timeout` seconds."""

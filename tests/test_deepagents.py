@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import open_files_under
 
 deepagents = pytest.importorskip("deepagents")
 
@@ -211,19 +212,6 @@ def test_backend_file_operations(mnt):
 
     content, entries = asyncio.run(twins())
     assert content == "async body" and entries[0]["path"] == "/a/x.txt"
-
-
-def open_files_under(root: Path) -> list[str]:
-    """Paths under `root` that this process holds open."""
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target == str(root) or target.startswith(f"{root}/"):
-            held.append(target)
-    return held
 
 
 def test_download_of_a_directory_leaves_no_open_file(mnt):

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("langgraph")
 
 from ckpt_graph import AFTER_V2, MOUNT_OPTIONS, at_step, build, observe  # noqa: E402
-from conftest import tree, vfsd_cli  # noqa: E402
+from conftest import open_files_under, tree, vfsd_cli  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 
@@ -111,15 +111,7 @@ def test_threads_hold_no_descriptors_between_checkpoints(runs):
     app = build(runs).compile(checkpointer=VfsdCheckpointer(InMemorySaver(), runs))
     for _ in range(12):
         assert app.invoke({"i": 0}, config(fresh("fd")))["seen"] == ORIGINAL
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(f"{runs.root}/"):
-            held.append(target)
-    assert held == []
+    assert open_files_under(runs.root) == []
 
 
 async def test_async_threads_at_once(runs):

@@ -23,7 +23,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_deepagents import RecordingModel, open_files_under, tool_call, tool_result, turn
+from conftest import open_files_under
+from test_deepagents import RecordingModel, tool_call, tool_result, turn
 
 pytest.importorskip("deepagents")
 
