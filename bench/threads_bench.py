@@ -354,8 +354,8 @@ def _fd_kinds() -> dict[str, int]:
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
-async def _run_threads(agent, threads: list[str], active: int, starts: dict, turn: int,
-                       sampler) -> None:
+async def _run_threads(agent, threads: list[str], active: int, starts: dict,
+                       turn: int) -> None:
     gate = asyncio.Semaphore(active)
 
     async def one(thread: str) -> None:
@@ -363,7 +363,6 @@ async def _run_threads(agent, threads: list[str], active: int, starts: dict, tur
             starts[thread] = time.perf_counter()
             cfg = {"configurable": {"thread_id": thread}}
             await agent.ainvoke({"messages": [{"role": "user", "content": f"task {turn}"}]}, cfg)
-            sampler()
 
     await asyncio.gather(*(one(t) for t in threads))
 
@@ -385,16 +384,21 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
             timings = Timings()
             starts: dict[str, float] = {}
             peak = {"pss_mib": 0.0, "rss_anon_mib": 0.0, "processes": 0}
-            last_sample = [0.0]
-
-            def sample(force: bool = False, peak=peak, last_sample=last_sample) -> None:
-                now = time.monotonic()
-                if not force and now - last_sample[0] < 1.0:
-                    return
-                last_sample[0] = now
+            def sample(peak=peak) -> None:
                 got = vfsd_memory(vfsd_processes(work))
                 for key in peak:
                     peak[key] = max(peak[key], got[key])
+
+            # Sampled once a second by a thread of its own: reading the smaps of
+            # a hundred processes on the agents' event loop held every agent up.
+            sampling = threading.Event()
+
+            def sample_every_second(sample=sample, sampling=sampling) -> None:
+                while not sampling.wait(1.0):
+                    sample()
+
+            sampler = threading.Thread(target=sample_every_second, daemon=True)
+            sampler.start()
 
             model = conversation_model(script)
             gc.collect()
@@ -416,12 +420,11 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                                           checkpointer=InMemorySaver())
             try:
                 # Not timed: mount_tool's helper and the sandbox's first probe start here.
-                loop.run_until_complete(_run_threads(agent, [f"warm-up-{count}"], 1, {}, 1,
-                                                     lambda: None))
+                loop.run_until_complete(_run_threads(agent, [f"warm-up-{count}"], 1, {}, 1))
                 timings.__init__()
-                loop.run_until_complete(_run_threads(agent, threads, active, starts, 1, sample))
+                loop.run_until_complete(_run_threads(agent, threads, active, starts, 1))
                 elapsed = time.perf_counter() - t_all
-                sample(force=True)
+                sample()
                 end_memory = vfsd_memory(vfsd_processes(work))
                 fds = _fd_kinds()
                 gc.collect()
@@ -453,7 +456,7 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                     backend.__class__ = timed_backend(VfsdBackend, timings2)
                     starts2: dict[str, float] = {}
                     loop.run_until_complete(
-                        _run_threads(agent, idle, active, starts2, 2, sample))
+                        _run_threads(agent, idle, active, starts2, 2))
                     resumed = [timings2.first_call[t] - starts2[t] for t in idle
                                if t in timings2.first_call]
                     out["resumed_idle_first_call_ms"] = {
@@ -462,6 +465,8 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                     out["unmounts"] = runs.counts["unmounts"]
                 row[variant] = out
             finally:
+                sampling.set()
+                sampler.join()
                 if runs is not None:
                     loop.run_until_complete(asyncio.to_thread(runs.close))
                 loop.close()
