@@ -354,8 +354,8 @@ def _fd_kinds() -> dict[str, int]:
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
-async def _run_threads(agent, threads: list[str], active: int, starts: dict,
-                       turn: int) -> None:
+async def _run_threads(agent, threads: list[str], active: int, starts: dict, turn: int,
+                       sampler) -> None:
     gate = asyncio.Semaphore(active)
 
     async def one(thread: str) -> None:
@@ -363,6 +363,7 @@ async def _run_threads(agent, threads: list[str], active: int, starts: dict,
             starts[thread] = time.perf_counter()
             cfg = {"configurable": {"thread_id": thread}}
             await agent.ainvoke({"messages": [{"role": "user", "content": f"task {turn}"}]}, cfg)
+            sampler()
 
     await asyncio.gather(*(one(t) for t in threads))
 
@@ -384,21 +385,16 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
             timings = Timings()
             starts: dict[str, float] = {}
             peak = {"pss_mib": 0.0, "rss_anon_mib": 0.0, "processes": 0}
-            def sample(peak=peak) -> None:
+            last_sample = [0.0]
+
+            def sample(force: bool = False, peak=peak, last_sample=last_sample) -> None:
+                now = time.monotonic()
+                if not force and now - last_sample[0] < 1.0:
+                    return
+                last_sample[0] = now
                 got = vfsd_memory(vfsd_processes(work))
                 for key in peak:
                     peak[key] = max(peak[key], got[key])
-
-            # Sampled once a second by a thread of its own: reading the smaps of
-            # a hundred processes on the agents' event loop held every agent up.
-            sampling = threading.Event()
-
-            def sample_every_second(sample=sample, sampling=sampling) -> None:
-                while not sampling.wait(1.0):
-                    sample()
-
-            sampler = threading.Thread(target=sample_every_second, daemon=True)
-            sampler.start()
 
             model = conversation_model(script)
             gc.collect()
@@ -420,11 +416,12 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                                           checkpointer=InMemorySaver())
             try:
                 # Not timed: mount_tool's helper and the sandbox's first probe start here.
-                loop.run_until_complete(_run_threads(agent, [f"warm-up-{count}"], 1, {}, 1))
+                loop.run_until_complete(_run_threads(agent, [f"warm-up-{count}"], 1, {}, 1,
+                                                     lambda: None))
                 timings.__init__()
-                loop.run_until_complete(_run_threads(agent, threads, active, starts, 1))
+                loop.run_until_complete(_run_threads(agent, threads, active, starts, 1, sample))
                 elapsed = time.perf_counter() - t_all
-                sample()
+                sample(force=True)
                 end_memory = vfsd_memory(vfsd_processes(work))
                 fds = _fd_kinds()
                 gc.collect()
@@ -456,7 +453,7 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                     backend.__class__ = timed_backend(VfsdBackend, timings2)
                     starts2: dict[str, float] = {}
                     loop.run_until_complete(
-                        _run_threads(agent, idle, active, starts2, 2))
+                        _run_threads(agent, idle, active, starts2, 2, sample))
                     resumed = [timings2.first_call[t] - starts2[t] for t in idle
                                if t in timings2.first_call]
                     out["resumed_idle_first_call_ms"] = {
@@ -465,8 +462,6 @@ def threads_workload(work: Path, counts: list[int], active: int, max_mounted: in
                     out["unmounts"] = runs.counts["unmounts"]
                 row[variant] = out
             finally:
-                sampling.set()
-                sampler.join()
                 if runs is not None:
                     loop.run_until_complete(asyncio.to_thread(runs.close))
                 loop.close()
