@@ -271,6 +271,7 @@ class Runs:
                 return m
             entry.mount = None  # unmounted behind our back (a crash, `vfsd umount`)
         self._claim_dir(entry)
+        self._make_room()
         m = Mount.start(entry.run_dir, **self.mount_options)
         m.started = True  # a Runs owns every mount under its root
         with self._lock:
@@ -298,6 +299,25 @@ class Runs:
         os.replace(tmp, path)
 
     # -- idle run dirs ---------------------------------------------------------
+
+    def _make_room(self) -> None:
+        """Before a mount: unmount idle run dirs, least recently used first, so
+        that one more stays within `max_mounted`, here in the thread that needs
+        the place. The reaper alone unmounts one at a time and falls behind
+        threads that arrive faster (273 daemons for a bound of 64 in
+        threads_bench); callers racing here release different run dirs."""
+        if not self.max_mounted:
+            return
+        with self._lock:
+            mounted = sum(1 for e in self._entries.values() if e.mount is not None)
+            idle = sorted((e for e in self._entries.values() if e.mount is not None
+                           and not e.leases), key=lambda e: e.last_used)
+        need = mounted + 1 - self.max_mounted
+        for entry in idle:
+            if need <= 0:
+                break
+            if self.release(entry):  # False: in use again, busy, or another caller's
+                need -= 1
 
     def _start_reaper(self) -> None:
         with self._lock:

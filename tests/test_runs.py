@@ -194,6 +194,22 @@ def test_idle_run_dirs_are_unmounted_and_come_back(tmp_path):
                 assert (m.root / "n.txt").read_text() == str(i)
 
 
+def test_the_bound_on_mounted_run_dirs_holds_at_every_mount(tmp_path):
+    """A new thread's mount first unmounts the least recently used idle run
+    dir when the bound is reached: never more than `max_mounted` mounted, not
+    only once the background reaper catches up."""
+    with mount_tool.runs(tmp_path / "bound", max_mounted=2) as few:
+        threads = [fresh("bound") for _ in range(6)]
+        for i, thread in enumerate(threads):
+            with few.use(thread) as m:
+                m.write("n.txt", str(i))
+                assert len(few.mounted()) <= 2, (i, few.mounted())
+        assert few.counts["unmounts"] >= 4
+        with few.use(threads[0]) as m:  # the oldest comes back
+            assert (m.root / "n.txt").read_text() == "0"
+            assert len(few.mounted()) <= 2
+
+
 def test_hostile_checkpoint_metadata(runs):
     """A checkpoint store is input: metadata naming another thread's run, a
     snapshot that does not exist, or garbage never restores anyone's files."""
