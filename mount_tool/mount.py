@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import stat
 import subprocess
 import time
@@ -39,6 +40,7 @@ from .spawn import run_vfsd
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.
 PING_WAIT_SECONDS = 10.0
+_OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
 #: FUSE's root inode number: what the mount root's fd must show
 FUSE_ROOT_INO = 1
 # What _read_same_inode returns when the inode is there but cannot match the ref.
@@ -72,12 +74,11 @@ def is_mounted(path: str | os.PathLike[str]) -> bool:
 def _mount_point_listed(target: bytes) -> bool:
     """Whether /proc/self/mountinfo lists the canonical path `target` (bytes: a
     mount point's name need not be UTF-8)."""
-    # mountinfo escapes space, tab, newline and backslash as \ooo: escape the
-    # target once instead of unescaping every line.
-    escaped = b"".join(b"\\%03o" % c if c in b" \t\n\\" else bytes((c,)) for c in target)
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            if line.split(b" ", 5)[4] == escaped:
+            # mountinfo escapes space, tab, newline and backslash as \ooo.
+            field = line.split(b" ")[4]
+            if _OCTAL_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field) == target:
                 return True
     return False
 

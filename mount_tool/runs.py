@@ -309,15 +309,20 @@ class Runs:
         if not self.max_mounted:
             return
         with self._lock:
-            mounted = sum(1 for e in self._entries.values() if e.mount is not None)
-            idle = sorted((e for e in self._entries.values() if e.mount is not None
-                           and not e.leases), key=lambda e: e.last_used)
-        need = mounted + 1 - self.max_mounted
+            idle, over = self._idle_and_over(extra=1)
         for entry in idle:
-            if need <= 0:
+            if over <= 0:
                 break
             if self.release(entry):  # False: in use again, busy, or another caller's
-                need -= 1
+                over -= 1
+
+    def _idle_and_over(self, extra: int = 0) -> tuple[list[_Entry], int]:
+        """Idle mounted entries, least recently used first, and how many
+        mounted run dirs (with `extra` more) exceed the bound (self._lock held)."""
+        idle = sorted((e for e in self._entries.values() if e.mount is not None and not e.leases),
+                      key=lambda e: e.last_used)
+        mounted = sum(1 for e in self._entries.values() if e.mount is not None)
+        return idle, max(0, mounted + extra - self.max_mounted) if self.max_mounted else 0
 
     def _start_reaper(self) -> None:
         with self._lock:
@@ -343,10 +348,7 @@ class Runs:
 
     def _candidates(self) -> list[_Entry]:
         """Idle mounted entries to unmount now, least recently used first (self._lock held)."""
-        idle = sorted((e for e in self._entries.values() if e.mount is not None and not e.leases),
-                      key=lambda e: e.last_used)
-        mounted = sum(1 for e in self._entries.values() if e.mount is not None)
-        over = max(0, mounted - self.max_mounted) if self.max_mounted else 0
+        idle, over = self._idle_and_over()
         chosen = idle[:over]
         if self.idle_timeout is not None:
             cutoff = time.monotonic() - self.idle_timeout

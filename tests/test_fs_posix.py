@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import mount_tool
 from mount_tool.refs import content_hash
 
 pytestmark = pytest.mark.fuse
@@ -41,6 +42,10 @@ _libc.renameat2.argtypes = [
     ctypes.c_char_p,
     ctypes.c_uint,
 ]
+_libc.opendir.restype = _libc.readdir.restype = ctypes.c_void_p
+_libc.readdir.argtypes = _libc.telldir.argtypes = _libc.closedir.argtypes = [ctypes.c_void_p]
+_libc.telldir.restype = ctypes.c_long
+_libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
 
 
 def renameat2(old: Path, new: Path, flags: int) -> None:
@@ -621,21 +626,10 @@ def test_readdir_lists_dot_and_dotdot_as_ext4_does(run):
                                check=True, timeout=30).stdout.split()
         assert names[:2] == [".", ".."] and ".." not in names[2:], (d, names)
     # A listing resumed with seekdir() from telldir() after the dots goes on where it was.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.opendir.restype = ctypes.c_void_p
-    libc.readdir.restype = ctypes.c_void_p
-    libc.readdir.argtypes = libc.telldir.argtypes = libc.closedir.argtypes = [ctypes.c_void_p]
-    libc.telldir.restype = ctypes.c_long
-    libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
-    name_offset = 19  # struct dirent64: d_ino 8, d_off 8, d_reclen 2, d_type 1, d_name
+    libc = _libc
 
     def names(dirp, n):
-        got = []
-        for _ in range(n):
-            ent = libc.readdir(dirp)
-            assert ent, ctypes.get_errno()
-            got.append(ctypes.string_at(ent + name_offset).decode())
-        return got
+        return [name for name, _ in _read_entries(dirp, n)]
 
     dirp = libc.opendir(str(sub).encode())
     try:
@@ -648,23 +642,25 @@ def test_readdir_lists_dot_and_dotdot_as_ext4_does(run):
         libc.closedir(dirp)
 
 
+def _read_entries(dirp, n: int) -> list[tuple[str, int]]:
+    """The next `n` (name, d_ino) readdir(3) gives."""
+    got = []
+    for _ in range(n):
+        ent = _libc.readdir(dirp)
+        assert ent, ctypes.get_errno()
+        # struct dirent64: d_ino 8, d_off 8, d_reclen 2, d_type 1, d_name
+        got.append((ctypes.string_at(ent + 19).decode(), ctypes.c_uint64.from_address(ent).value))
+    return got
+
+
 def _dots(directory: Path) -> list[int]:
     """d_ino of `.` and `..` as readdir(3) gives them (ls -i stats them instead)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.opendir.restype = libc.readdir.restype = ctypes.c_void_p
-    libc.readdir.argtypes = libc.closedir.argtypes = [ctypes.c_void_p]
-    dirp = libc.opendir(str(directory).encode())
+    dirp = _libc.opendir(str(directory).encode())
     assert dirp, ctypes.get_errno()
     try:
-        got = []
-        for _ in range(2):
-            ent = libc.readdir(dirp)
-            assert ent, ctypes.get_errno()
-            # struct dirent64: d_ino 8, d_off 8, d_reclen 2, d_type 1, d_name
-            got.append((ctypes.string_at(ent + 19).decode(),
-                        ctypes.c_uint64.from_address(ent).value))
+        got = _read_entries(dirp, 2)
     finally:
-        libc.closedir(dirp)
+        _libc.closedir(dirp)
     assert [name for name, _ in got] == [".", ".."], got
     return [ino for _, ino in got]
 
@@ -672,8 +668,6 @@ def _dots(directory: Path) -> list[int]:
 def test_dotdot_in_the_snapshot_and_evicted_views_names_the_parent(run_factory):
     """`..` inside `.vfsd/snapshots/sN/a/b` and `.vfsd/evicted/a/b` is the
     directory above, as stat sees it (it named the directory itself)."""
-    import mount_tool
-
     run = run_factory("dots", "--max-age-steps", "1")
     m = mount_tool.Mount.attach(run.run_dir)
     try:

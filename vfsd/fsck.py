@@ -235,16 +235,17 @@ def quarantine(store: Store, damaged: list[tuple[str, int, list[int]]]) -> list[
             continue
         was = view.path_of(ino) or f"<inode {ino}>"
         names = view.names_of(ino)
+        # lost+found keeps one name (the one already there, on a second run);
+        # other hard links would go on serving the zeros under their old names.
+        kept = next((n for n in names if n[0] == folder.ino), names[0] if names else None)
         also = []
-        if names and names[0][0] != folder.ino:
-            parent, base = names[0]
+        for parent, base in names:
+            if (parent, base) != kept:
+                also.append(_name_in(view, parent, base))
+                view.unlink(parent, base)
+        if kept is not None and kept[0] != folder.ino:
+            parent, base = kept
             view.rename(parent, base, folder.ino, (b"%d-" % ino + base)[:255], noreplace=True)
-            # Its other hard links would go on serving the zeros under their
-            # old names: lost+found keeps the one name.
-            for parent, base in names[1:]:
-                if parent != folder.ino:
-                    also.append(_path_in(view, parent, base))
-                    view.unlink(parent, base)
         freed = []
         with view.txn(write=True) as txn:
             inode = view._get_inode(txn, ino)
@@ -269,8 +270,9 @@ def quarantine(store: Store, damaged: list[tuple[str, int, list[int]]]) -> list[
     return done
 
 
-def _path_in(view, parent: int, base: bytes) -> str:
-    above = view.path_of(parent) if parent != ROOT_INO else ""
+def _name_in(view, parent: int, base: bytes) -> str:
+    """The path of name `base` in directory `parent` (path_of names the root "")."""
+    above = view.path_of(parent)
     name = base.decode(errors="surrogateescape")
     return f"{above}/{name}" if above else name
 
