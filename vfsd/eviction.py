@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import time
 
-import pyfuse3
 import structlog
 import trio
 
@@ -506,12 +505,12 @@ class Evictor:
         pending, self.pending_invalidations = self.pending_invalidations, []
         return pending
 
-    @staticmethod
-    def invalidate_now(pending: list[tuple[int, bytes, int]]) -> None:
+    def invalidate_now(self, pending: list[tuple[int, bytes, int]]) -> None:
         """Tell the kernel and wait for it; run in a worker thread, never in a handler."""
+        kernel = self.ops.kernel
         for parent, name, ino in pending:
             try:
-                pyfuse3.invalidate_entry(parent, name, deleted=ino)
+                kernel.invalidate_entry(parent, name, deleted=ino)
             except OSError:
                 pass  # not in the kernel's cache: nothing to drop
 

@@ -31,6 +31,7 @@ from vfsd.store.store import Store, now_ns
 
 from . import ctldir, evictedview, snapview
 from .journal import StepJournal
+from .kernel import Kernel
 from .openfiles import OpenFiles, hash_hot_blocks
 from .provenance import Provenance
 from .tracer import Tracer
@@ -191,6 +192,12 @@ class VfsdOperations(pyfuse3.Operations):
         self.files = openfiles
         openfiles.on_closed = self._closed
         self.root = store.root_ino
+        # Where notifications and READDIRPLUS entries go (see `kernel`): a
+        # shard's mount translates this volume's inode numbers.
+        self.kernel = Kernel()
+        # (vol, ino) -> whether a hot file is still in use: the daemon's view
+        # over every volume it serves (a sync frees files of any of them).
+        self.in_use = lambda vol, ino: vol == store.vol and ino in openfiles.files
         # The sandbox's mount points are served once a sandbox claims them.
         self.sandbox_points = False
         self.entry_timeout = entry_timeout
@@ -912,7 +919,7 @@ class VfsdOperations(pyfuse3.Operations):
         hot = of.inode.ino if of.hot_file else None
         self.store.flush_group()  # here, rather than have the sync ask the loop for it
         await trio.to_thread.run_sync(self._sync_now, digests, hot)
-        self.store.delete_synced(self.files.files.__contains__)
+        self.store.delete_synced(self.in_use)
 
     def _sync_now(self, digests: list[bytes], hot: int | None = None) -> None:
         # One sync fsyncs each file once: these and what the ledger holds.
@@ -998,13 +1005,13 @@ class VfsdOperations(pyfuse3.Operations):
         if start_id < DOT_ENTRIES:
             dots = ((b".", fh), (b"..", self._parent_for_dots(fh)))
             for cookie, (name, ino) in enumerate(dots, 1):
-                if cookie > start_id and not pyfuse3.readdir_reply(
+                if cookie > start_id and not self.kernel.readdir_reply(
                         token, name, self._dot_entry(ino), cookie):
                     return
         start_id = max(0, start_id - DOT_ENTRIES)
 
         def reply(name, entry, cookie) -> bool:
-            return pyfuse3.readdir_reply(token, name, entry, cookie + DOT_ENTRIES)
+            return self.kernel.readdir_reply(token, name, entry, cookie + DOT_ENTRIES)
 
         await self._readdir_after_dots(fh, start_id, reply)
 
@@ -1060,7 +1067,7 @@ class VfsdOperations(pyfuse3.Operations):
         # A sync point like any other: removals made durable free their files.
         self.store.flush_group()
         await trio.to_thread.run_sync(self.store.sync)
-        self.store.delete_synced(self.files.files.__contains__)
+        self.store.delete_synced(self.in_use)
 
     @_guard
     async def statfs(self, ctx):
@@ -1254,7 +1261,7 @@ class VfsdOperations(pyfuse3.Operations):
             return
         for parent, name, ino in self.evicted_names():
             try:
-                pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
+                self.kernel.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
             except Exception as exc:  # not mounted (unit tests)
                 log.debug("invalidate_failed", ino=ino, error=str(exc))
 
@@ -1269,18 +1276,17 @@ class VfsdOperations(pyfuse3.Operations):
             await trio.to_thread.run_sync(self._drop_names,
                                           [(parent, name) for parent, name, _ in pending])
 
-    @staticmethod
-    def _drop_names(names: list[tuple[int, bytes]]) -> None:
+    def _drop_names(self, names: list[tuple[int, bytes]]) -> None:
         for parent, name in names:
             try:
-                pyfuse3.invalidate_entry(parent, name)
+                self.kernel.invalidate_entry(parent, name)
             except OSError:
                 pass  # not in the kernel's cache
 
     def _invalidate(self, items: set[tuple[int, bool]]) -> None:
         for ino, attr_only in items:
             try:
-                pyfuse3.invalidate_inode(self._fuse_ino(ino), attr_only=attr_only)
+                self.kernel.invalidate_inode(self._fuse_ino(ino), attr_only=attr_only)
             except OSError:
                 pass  # the kernel forgot it already: nothing cached to drop
 

@@ -17,7 +17,6 @@ import os
 import time
 from pathlib import Path
 
-import pyfuse3
 import structlog
 import trio
 
@@ -37,6 +36,8 @@ from vfsd.snapshots.snapshots import (
 from .writers import writers
 
 log = structlog.get_logger("vfsd.snapshots")
+
+
 class SnapshotService:
     """What the control socket calls for snapshots of the mounted volume."""
 
@@ -178,8 +179,8 @@ class SnapshotService:
         try:
             from . import snapview
 
-            pyfuse3.invalidate_entry_async(snapview.DIR_INO, ident.encode(),
-                                           ignore_enoent=True)
+            self.ops.kernel.invalidate_entry_async(snapview.DIR_INO, ident.encode(),
+                                                   ignore_enoent=True)
         except Exception as exc:  # not mounted (unit tests)
             log.debug("invalidate_failed", error=str(exc))
 
@@ -278,16 +279,16 @@ class SnapshotService:
             "corrupt) the restored files: stop them or close the files first, or restore "
             "with --force (force=true)")
 
-    @staticmethod
-    def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int]) -> None:
+    def _tell_kernel(self, dentries: list[tuple[int, bytes]], inodes: list[int]) -> None:
+        kernel = self.ops.kernel
         for parent, name in dentries:
             try:
-                pyfuse3.invalidate_entry(parent, name)
+                kernel.invalidate_entry(parent, name)
             except OSError:
                 pass  # not in the kernel's cache
         for ino in inodes:
             try:
-                pyfuse3.invalidate_inode(ino, attr_only=False)
+                kernel.invalidate_inode(ino, attr_only=False)
             except OSError:
                 pass
 

@@ -700,15 +700,16 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
 
     def delete_synced(self, in_use=None) -> int:
         """Delete the chunk and hot files that durable records no longer name
-        (on the thread that commits). `in_use(ino)`: an open inode of this
-        volume, whose hot file stays. Returns how many files went."""
+        (on the thread that commits). `in_use(vol, ino)`: an open inode (of
+        any volume the caller serves), whose hot file stays. Returns how many
+        files went."""
         doomed, doomed_hot = self.durability.take_ready()
         gone = 0
         if doomed:
             with self.txn(write=True) as txn:
                 gone += self.content.delete_unreferenced(txn, doomed)
         for vol, ino in doomed_hot:
-            if vol == self.vol and in_use is not None and in_use(ino):
+            if in_use is not None and in_use(vol, ino):
                 continue  # open again: its hot file is its own business
             with self.txn() as txn:
                 if txn.get(_VI.pack(vol, ino), db=self.db["hotino"]) is not None:
