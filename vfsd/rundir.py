@@ -38,6 +38,11 @@ class RunDir:
         return self.path / MOUNT_DIRNAME
 
     @property
+    def mount_root(self) -> Path:
+        """The FUSE mount (a run dir's volume is seen at its root)."""
+        return self.mountpoint
+
+    @property
     def state(self) -> Path:
         return self.path / STATE_DIRNAME
 

@@ -16,6 +16,7 @@ metrics) find the same names on it as on a daemon of one volume: `store`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -51,10 +52,12 @@ log = structlog.get_logger("vfsd.volume")
 @dataclass(frozen=True)
 class Place:
     """Where a volume of a shard is seen: `mountpoint` is its directory in the
-    shard's mount, `path` the shard's run dir (nothing may be forked inside it)."""
+    shard's mount, `mount_root` the mount itself, `path` the shard's run dir
+    (nothing may be forked inside it)."""
 
     path: Path
     mountpoint: Path
+    mount_root: Path
 
 
 class Volume:
@@ -94,6 +97,9 @@ class Volume:
         self.ops.reserve_file = self.evictor.reserve_file
         self.ops.used_step = self.evictor.used_step
         self._control = None
+        #: set while a long operation holds the volume: its requests wait (`hold`)
+        self.held: trio.Event | None = None
+        self.last_used = time.monotonic()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -153,7 +159,35 @@ class Volume:
             except StoreError as exc:
                 log.warning("uses_not_recorded", volume=self.name, error=str(exc))
 
+    # ---------------------------------------------------------- holding
+
+    async def wait_free(self) -> None:
+        """Return once no long operation holds the volume."""
+        while self.held is not None:
+            await self.held.wait()
+
+    @contextlib.asynccontextmanager
+    async def hold(self):
+        """Hold the volume for a long operation done in many short
+        transactions: the volume's own requests wait until it is over (so it
+        sees, and leaves, one consistent tree), every other volume's go on
+        between its transactions."""
+        await self.wait_free()
+        self.held = trio.Event()
+        try:
+            yield
+        finally:
+            held, self.held = self.held, None
+            held.set()
+
     # ------------------------------------------------------------- serving
+
+    @staticmethod
+    def handler_names() -> list[str]:
+        """The control ops that work on one volume."""
+        from vfsd.control.handlers import VolumeHandlers
+
+        return VolumeHandlers.names()
 
     @property
     def control(self):

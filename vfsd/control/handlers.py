@@ -9,6 +9,7 @@ never sees the socket.
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import structlog
@@ -16,12 +17,40 @@ import trio
 
 from vfsd import __version__, errors
 from vfsd.rundir import is_mount_point
-from vfsd.snapshots.snapshots import parse_id
+from vfsd.snapshots.snapshots import (
+    FilesOpenForWriting,
+    SnapshotError,
+    SnapshotNotFound,
+    parse_id,
+)
 from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 
 from .requests import MAX_INT, RequestError, arg, path_arg
 
 log = structlog.get_logger("vfsd.control")
+
+
+def error_of(exc: Exception, volume=None) -> tuple[str, str] | None:
+    """The error reply (code, message) for what a handler raised; None for an
+    unexpected failure (the caller logs it and answers `internal`)."""
+    if isinstance(exc, RequestError):
+        return exc.code, exc.message
+    if isinstance(exc, SnapshotNotFound):
+        return "not_found", str(exc)
+    if isinstance(exc, FilesOpenForWriting):
+        return "files_open", str(exc)
+    if isinstance(exc, SnapshotError):
+        return getattr(exc, "code", "bad_request"), str(exc)
+    if isinstance(exc, errors.NotFound):
+        return "not_found", f"no such file: {exc}"
+    if isinstance(exc, errors.Corrupt):  # the store's fault, not the request's
+        return "damaged", (f"the store is damaged: {exc}; `vfsd fsck --verify RUN_DIR` lists "
+                           "what is affected")
+    if isinstance(exc, errors.StoreError):
+        return "bad_request", str(exc) or type(exc).__name__
+    if volume is not None:
+        return volume.control.failure(exc)
+    return None
 
 
 def handler_table(obj) -> dict:
@@ -88,6 +117,11 @@ class VolumeHandlers:
 
     def ops_known(self) -> list[str]:
         return sorted(self.table)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """Every op a volume answers (without making handlers)."""
+        return sorted(name[3:] for name in dir(cls) if name.startswith("op_"))
 
     def failure(self, exc: Exception) -> tuple[str, str] | None:
         """The error reply for what a handler of this volume raised, or None
@@ -160,6 +194,45 @@ class VolumeHandlers:
                 "changed_by": prov.describe(inode.changed_by)}
 
     # ------------------------------------------------------------ handlers
+
+    #: requests one `batch` may carry
+    BATCH_MAX = 32
+
+    async def op_batch(self, req: dict) -> dict:
+        """Several ops on this volume in one round trip, run in order. Each
+        answers as a request of its own would ({"ok": true, "result": ...} or
+        {"ok": false, "error": {"code", "message"}}); one that fails stops
+        the rest only with `stop_on_error`."""
+        reqs = arg(req, "requests", list)
+        if not 1 <= len(reqs) <= self.BATCH_MAX:
+            raise RequestError("bad_request", f"'requests' holds 1 to {self.BATCH_MAX} requests")
+        stop = arg(req, "stop_on_error", bool, False)
+        out = []
+        for sub in reqs:
+            answer = await self._one_of_batch(sub)
+            out.append(answer)
+            if stop and not answer["ok"]:
+                break
+        return {"results": out}
+
+    async def _one_of_batch(self, sub) -> dict:
+        op = sub.get("op") if isinstance(sub, dict) else None
+        fn = self.handler(op) if isinstance(op, str) and op != "batch" else None
+        if fn is None:
+            shown = repr(op)[:100]
+            return {"ok": False, "error": {"code": "unknown_op",
+                                           "message": f"no op {shown} in a batch"}}
+        try:
+            result = fn(sub)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            coded = error_of(exc, self.volume)
+            if coded is None:
+                log.exception("control_request_failed", op=op)
+                coded = ("internal", f"{type(exc).__name__}: {exc}")
+            return {"ok": False, "error": {"code": coded[0], "message": coded[1]}}
+        return {"ok": True, "result": result}
 
     def op_stats(self, req: dict) -> dict:
         from vfsd.status import live_status

@@ -28,16 +28,9 @@ import struct
 import structlog
 import trio
 
-from vfsd import errors
-from vfsd.snapshots.snapshots import (
-    FilesOpenForWriting,
-    SnapshotError,
-    SnapshotNotFound,
-)
-
 from .connslots import IDLE, READING, WORKING, Slot, SlotTable
+from .handlers import error_of
 from .protocol import MAX_REQUEST, ProtocolError, decode_request, encode_reply
-from .requests import RequestError
 from .unixpath import reachable_socket_path
 
 log = structlog.get_logger("vfsd.control")
@@ -219,23 +212,8 @@ class ControlServer:
             if inspect.isawaitable(result):
                 result = await result
             return req_id, result, None, volume
-        except RequestError as exc:
-            return req_id, None, (exc.code, exc.message), volume
-        except SnapshotNotFound as exc:
-            return req_id, None, ("not_found", str(exc)), volume
-        except FilesOpenForWriting as exc:
-            return req_id, None, ("files_open", str(exc)), volume
-        except SnapshotError as exc:
-            return req_id, None, (getattr(exc, "code", "bad_request"), str(exc)), volume
-        except errors.NotFound as exc:
-            return req_id, None, ("not_found", f"no such file: {exc}"), volume
-        except errors.Corrupt as exc:  # the store's fault, not the request's
-            return req_id, None, ("damaged", f"the store is damaged: {exc}; "
-                                  "`vfsd fsck --verify RUN_DIR` lists what is affected"), volume
-        except errors.StoreError as exc:
-            return req_id, None, ("bad_request", str(exc) or type(exc).__name__), volume
         except Exception as exc:
-            coded = volume.control.failure(exc) if volume is not None else None
+            coded = error_of(exc, volume)
             if coded is not None:
                 return req_id, None, coded, volume
             log.exception("control_request_failed", op=op)

@@ -381,6 +381,11 @@ class VfsdOperations(pyfuse3.Operations):
     def _attrs(self, ino: int) -> Inode:
         return self.files.attrs(ino)
 
+    def root_entry(self) -> pyfuse3.EntryAttributes:
+        """The root's entry, taken as a lookup: a shard's mount shows a
+        volume's root as a directory of its own root."""
+        return self._remember(self._attrs(self.root))
+
     def _remember(self, inode: Inode) -> pyfuse3.EntryAttributes:
         """Entry reply that the kernel will hold a reference to."""
         self.lookups[inode.ino] = self.lookups.get(inode.ino, 0) + 1
@@ -993,7 +998,7 @@ class VfsdOperations(pyfuse3.Operations):
             names = self.store.names_of(below)
             return ctldir.mirror_of(names[0][0]) if names else fh
         if fh == self.root:
-            return fh
+            return self.kernel.above_root
         names = self.store.names_of(fh)
         return self._fuse_ino(names[0][0]) if names else fh
 

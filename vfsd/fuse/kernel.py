@@ -13,16 +13,28 @@ from __future__ import annotations
 
 import pyfuse3
 
+#: the number a volume gives the `..` of its root (see `Kernel.above_root`): far
+#: from every number the volume uses, below the `.vfsd/` ones
+ABOVE_ROOT = (1 << 62) - 1
+
 
 class Kernel:
     """The kernel as a run dir's mount sees it: volume numbers are kernel numbers."""
 
     #: the kernel inode number of the volume's root
     root_ino = pyfuse3.ROOT_INODE
+    #: what `..` of the volume's root names, in the volume's numbers: the root
+    #: itself at the top of a mount, the mount's root in a shard
+    above_root = pyfuse3.ROOT_INODE
 
     def to_kernel(self, ino: int) -> int | None:
         """The kernel's number for a volume inode (None: the kernel cannot know it)."""
         return ino
+
+    def from_kernel(self, kernel_no: int) -> int | None:
+        """The volume's number for a kernel inode number of this mount (None:
+        not one of this volume's store inodes)."""
+        return kernel_no
 
     def invalidate_entry(self, parent: int, name: bytes, deleted: int = 0) -> None:
         """Drop a cached name and wait for the kernel (blocks: worker threads only)."""

@@ -202,7 +202,8 @@ class SnapshotService:
             self._settle_rest()
             if not force and self._open_among(self.snaps.restore_changes(ident)):
                 # Only then is /proc read (~1 ms a process): who writes them?
-                held = await trio.to_thread.run_sync(writers, self.daemon.run.mountpoint)
+                held = await trio.to_thread.run_sync(writers, self.daemon.run.mount_root)
+                held = self._own_inodes(held)
                 self._settle_rest()  # from here on, no await until the restore
                 self._refuse_writers(held, self.snaps.restore_changes(ident))
             self._settle_rest()
@@ -255,6 +256,17 @@ class SnapshotService:
         return {"restored": res["restored"], "unchanged": res["unchanged"],
                 "from": sorted({snapshot_id(seq) for seq, _, _ in items}),
                 "step": self.store.get_step(), "duration_ms": took}
+
+    def _own_inodes(self, held: dict[int, list]) -> dict[int, list]:
+        """`writers`' answer (kernel numbers over the whole mount) in this
+        volume's own numbers, the other volumes' files left out."""
+        from_kernel = self.ops.kernel.from_kernel
+        out = {}
+        for kernel_no, who in held.items():
+            ino = from_kernel(kernel_no)
+            if ino is not None:
+                out[ino] = who
+        return out
 
     def _open_among(self, inodes: set[int]) -> bool:
         """Whether any of `inodes` is open (a descriptor or a mapping keeps a
@@ -331,7 +343,30 @@ class SnapshotService:
         Content is shared, never copied."""
         new = self._check_fork_path(run_dir)
         await trio.to_thread.run_sync(self._check_fork_target, new)
-        store, snaps, name = self.store, self.snaps, str(new.path)
+        name = str(new.path)
+        dest, rec, kept = await self._copy_into(name)
+        await trio.to_thread.run_sync(self._record_run_dir, new, name)
+        log.info("copied", run_dir=name, snapshot=rec["id"], snapshots=kept)
+        return {"run_dir": name, "store": str(self.store.dir), "volume": name,
+                "run": dest.run_id, "snapshot": rec["id"], "snapshots": kept,
+                "files": dest.counters()["files"]}
+
+    async def copy_to_volume(self, name: str, *, thread: str | None = None) -> dict:
+        """As `copy`, into a new volume `name` of this store (a shard's thread
+        copied to another thread), recording `thread` as the one it serves."""
+        if name in self.store.volumes():
+            view = self.store.view(name)
+            if not view.meta_u64(b"incomplete"):
+                raise SnapshotError(f"volume {name!r} exists already: copy into a new one")
+        extra = {b"thread": thread.encode("utf-8", "surrogatepass")} if thread else {}
+        dest, rec, kept = await self._copy_into(name, extra)
+        log.info("copied", volume=name, snapshot=rec["id"], snapshots=kept)
+        return {"volume": name, "run": dest.run_id, "snapshot": rec["id"], "snapshots": kept,
+                "files": dest.counters()["files"]}
+
+    async def _copy_into(self, name: str, extra: dict[bytes, bytes] | None = None):
+        """(the new volume `name`, the snapshot copied, how many snapshots)."""
+        store, snaps = self.store, self.snaps
         async with self.lock:
             rec = await self._snapshot_locked(False, "copied", True)
             seq = parse_id(rec["id"])
@@ -351,17 +386,15 @@ class SnapshotService:
                     txn.put(dest._vp + b"step", int(rec.get("live_step", rec["step"])).to_bytes(8, "big"), db=meta)
                     for key in (b"snap_seq", b"snap_base"):
                         txn.put(dest._vp + key, seq.to_bytes(8, "big"), db=meta)
+                    for key, value in (extra or {}).items():
+                        txn.put(dest._vp + key, value, db=meta)
                     txn.delete(dest._vp + b"incomplete", db=meta)
             finally:
                 for s in retained:
                     snaps.held[s] -= 1
                     if not snaps.held[s]:
                         del snaps.held[s]
-        await trio.to_thread.run_sync(self._record_run_dir, new, name)
-        log.info("copied", run_dir=name, snapshot=rec["id"], snapshots=len(retained))
-        return {"run_dir": name, "store": str(store.dir), "volume": name, "run": dest.run_id,
-                "snapshot": rec["id"], "snapshots": len(retained),
-                "files": dest.counters()["files"]}
+        return dest, rec, len(retained)
 
     def _record_run_dir(self, new: RunDir, volume: str) -> None:
         new.state.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -67,6 +67,10 @@ _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
             lmdb.VersionMismatchError, lmdb.InvalidError, lmdb.BadValsizeError)
 
 
+#: `Store(dir, BASE)`: the environment without a volume (see `Store.base`)
+BASE = object()
+
+
 def _u64(n: int) -> bytes:
     return _U64.pack(n)
 
@@ -252,6 +256,12 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
             self._release_hold()
             raise
 
+    @classmethod
+    def base(cls, store_dir: Path, **options) -> Store:
+        """A handle on the store's environment and content alone, no volume of
+        its own: a shard's, which serves each volume through a `view`."""
+        return cls(store_dir, BASE, **options)
+
     def _open(self, volume, readonly, create, map_size, sync, chunk_size, inline_max,
               incomplete_ok) -> None:
         self.env = self._open_env(readonly, create, map_size, sync)
@@ -272,11 +282,19 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
             self.content.doom = self.durability.doom_chunks
         self.logs = EventLog(self)
         self._deltas: dict[bytes, int] | None = None
-        self.volume = volume or "default"
-        self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
+        if volume is BASE:
+            # The environment alone: its volumes are `view`s of this handle.
+            self.volume, self.vol, self.root_ino = "", 0, 0
+            if not readonly:
+                with self.txn(write=True) as txn:
+                    if txn.get(b"schema", db=self.db["meta"]) is None:
+                        txn.put(b"schema", _U32.pack(SCHEMA_VERSION), db=self.db["meta"])
+        else:
+            self.volume = volume or "default"
+            self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
         self._vp = b"v" + _U32.pack(self.vol) + b":"
         self._vb = _U32.pack(self.vol)
-        if volume is not None and self.meta_u64(b"incomplete") and not incomplete_ok:
+        if volume not in (None, BASE) and self.meta_u64(b"incomplete") and not incomplete_ok:
             raise errors.StoreVersionError(
                 f"volume {self.volume!r} of store {self.dir} is a fork or an import that did "
                 "not finish copying; run `vfsd fork` (or `vfsd mount --from`) again to redo it")
@@ -507,12 +525,13 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         """
         other = copy.copy(self)
         other._marked, other._pending_marks, other._deltas = set(), set(), None
+        other._base_touched, other.dirty_since, other._hot_gone = False, None, []
         other.volume = name
         other.vol, other.root_ino = self._open_volume(name, create=False)
         other._vp = b"v" + _U32.pack(other.vol) + b":"
         other._vb = _U32.pack(other.vol)
         other.logs = EventLog(other)
-        other.tracking = other.meta_u64(b"snap_seq") > 0
+        other.reload_snapshot_state()
         return other
 
     def reload_snapshot_state(self) -> None:
@@ -765,6 +784,16 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
                 txn.put(k, _u64(max(val, 0)), db=self.db["meta"])
         finally:
             self._deltas = None  # an aborted batch leaves no pending counts behind
+
+    def meta_bytes(self, key: bytes) -> bytes | None:
+        """A per-volume value from `meta` (None: not set)."""
+        with self.txn() as txn:
+            raw = txn.get(self._vp + key, db=self.db["meta"])
+        return bytes(raw) if raw is not None else None
+
+    def set_meta_bytes(self, key: bytes, value: bytes) -> None:
+        with self.txn(write=True) as txn:
+            txn.put(self._vp + key, value, db=self.db["meta"])
 
     def meta_u64(self, key: bytes, default: int = 0) -> int:
         """A per-volume u64 from `meta`."""
