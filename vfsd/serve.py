@@ -30,7 +30,8 @@ def serve(spec: dict) -> int:
     if spec.get("shard"):
         from .shard import run_shard
 
-        return run_shard(RunDir(Path(spec["run_dir"])), config, ready_fd=spec.get("ready_fd"))
+        return run_shard(RunDir(Path(spec["run_dir"])), config, Path(spec["store"]),
+                         ready_fd=spec.get("ready_fd"))
     return run_daemon(RunDir(Path(spec["run_dir"])), config, Path(spec["store"]),
                       spec["volume"], ready_fd=spec.get("ready_fd"),
                       resume_from=spec.get("resume_from"))

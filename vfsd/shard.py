@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 
 import structlog
 import trio
@@ -61,7 +62,7 @@ class ShardDaemon(DaemonBase):
     """Serves every volume of one store under one mount (see the module docstring)."""
 
     def __init__(self, run: RunDir, config: Config, store_dir=None) -> None:
-        super().__init__(run, config, store_dir or run.state)
+        super().__init__(run, config, Path(store_dir) if store_dir else run.state)
         self.numbers = Numbers()
         self.ops = ShardOperations(self, self.numbers)
         self.loaded: dict[str, Volume] = {}
@@ -74,7 +75,7 @@ class ShardDaemon(DaemonBase):
         self._names_cache: tuple[float, list[bytes]] | None = None
         self.shard_ops = {"volumes": self.op_volumes, "volume_create": self.op_volume_create,
                           "volume_drop": self.op_volume_drop, "volume_copy": self.op_volume_copy,
-                          "shard": self.op_shard}
+                          "volume_adopt": self.op_volume_adopt, "shard": self.op_shard}
 
     # --------------------------------------------------------------- setup
 
@@ -369,6 +370,27 @@ class ShardDaemon(DaemonBase):
         except OSError:
             pass  # the kernel had not cached it
 
+    def op_volume_adopt(self, req: dict) -> dict:
+        """Serve a volume a run dir of an earlier layout made (named by its
+        path, which names no directory of a shard) as `volume`, recording
+        `thread`. For a Runs root of the one-daemon-per-thread layout, whose
+        shared store becomes a shard as it is."""
+        old = arg(req, "from_name", str)
+        name = self._name_arg(req)
+        thread = self._thread_arg(req)
+        if valid_name(old) is not None:
+            raise RequestError("bad_request", f"{old!r} is a shard's volume name already")
+        if old not in self.store.volumes():
+            if name in self.store.volumes():
+                return {"volume": name, "adopted": False}  # done by an earlier call
+            raise RequestError("no_such_volume", f"the store holds no volume {old[:200]!r}")
+        self.store.rename_volume(old, name)
+        if thread is not None:
+            self.store.view(name).set_meta_bytes(b"thread", thread.encode("utf-8",
+                                                                           "surrogatepass"))
+        log.info("volume_adopted", volume=name, was=old[:200])
+        return {"volume": name, "adopted": True}
+
     async def op_volume_copy(self, req: dict) -> dict:
         """Give a new volume `target` (for thread `target_thread`) a copy of
         `volume` (its files now and its whole snapshot history under the same
@@ -401,12 +423,12 @@ def _invalidate_entry(parent: int, name: bytes, deleted: int) -> None:
     pyfuse3.invalidate_entry(parent, name, deleted=deleted)
 
 
-def run_shard(run: RunDir, config: Config, *, ready_fd: int | None = None,
+def run_shard(run: RunDir, config: Config, store_dir=None, *, ready_fd: int | None = None,
               log_to_stderr: bool = False) -> int:
     """Serve a shard until unmounted (see `daemon.serve_process`)."""
     from .daemon import serve_process
 
-    return serve_process(run, config, lambda: ShardDaemon(run, config), ready_fd=ready_fd,
-                         log_to_stderr=log_to_stderr)
+    return serve_process(run, config, lambda: ShardDaemon(run, config, store_dir),
+                         ready_fd=ready_fd, log_to_stderr=log_to_stderr)
 
 

@@ -105,15 +105,17 @@ def mount(run_dir: Path, store: Path | None, shard: bool, foreground: bool, log_
             os.chmod(run.state, 0o700)  # mkdir's mode is cut by the umask
     except OSError as exc:
         fail(f"cannot create {run.state}: {exc}", 2)
-    if shard and (store is not None or resume_from is not None):
-        fail("--shard keeps its store in RUN_DIR/.vfsd and starts empty (no --store, --from)", 2)
+    if shard and resume_from is not None:
+        fail("--shard starts from its store as it is (no --from)", 2)
+    if shard:
+        store_dir = Path(os.path.abspath(store)) if store is not None else run.state
     if foreground:
         from vfsd.serve import run_daemon  # without the console extras (see serve)
 
         if shard:
             from vfsd.shard import run_shard
 
-            sys.exit(run_shard(run, config, log_to_stderr=log_stderr))
+            sys.exit(run_shard(run, config, store_dir, log_to_stderr=log_stderr))
         sys.exit(run_daemon(run, config, store_dir, volume, log_to_stderr=log_stderr,
                             resume_from=resume_from))
     info = spawn_daemon(run, config, store_dir, volume, resume_from, mount_timeout,

@@ -455,6 +455,19 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         txn.put(key, _VI.pack(vol, ROOT_INO), db=db["volume"])
         return vol
 
+    def rename_volume(self, old: str, new: str) -> None:
+        """Give volume `old` the name `new` (its id, files and snapshots stay)."""
+        with self.txn(write=True) as txn:
+            raw = txn.get(old.encode(), db=self.db["volume"])
+            if raw is None:
+                raise errors.NoSuchVolume(f"store {self.dir} has no volume {old!r}")
+            if txn.get(new.encode(), db=self.db["volume"]) is not None:
+                raise errors.Exists(f"volume {new!r} exists")
+            vol = _VI.unpack(raw)[0]
+            txn.delete(old.encode(), db=self.db["volume"])
+            txn.put(new.encode(), raw, db=self.db["volume"])
+            txn.put(b"v" + _U32.pack(vol) + b":name", new.encode(), db=self.db["meta"])
+
     def volumes(self) -> dict[str, int]:
         """Every volume of the store: name -> vol id."""
         with self.txn() as txn:
