@@ -144,6 +144,8 @@ class Evictor:
         self.pending_invalidations: list[tuple[int, bytes, int]] = []
         # Called after the step advances (snapshot retention by age).
         self.after_step = None
+        #: awaited before a background recheck (the volume's: waits while it is held)
+        self.gate = None
         # ino -> reason, for files that were due but open: reconsidered at
         # their last close (`closed`, `run_rechecks`).
         self.deferred: dict[int, str] = {}
@@ -476,6 +478,8 @@ class Evictor:
     async def run_rechecks(self) -> None:
         """The background task: deferred files are reconsidered once closed."""
         async for ino in self._recheck_recv:
+            if self.gate is not None:
+                await self.gate()  # nothing changes under a long operation
             batch = {ino}
             while True:
                 try:

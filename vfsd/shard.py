@@ -44,6 +44,8 @@ log = structlog.get_logger("vfsd.shard")
 VOLUME_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: the lock a shard daemon holds on its whole store (no other daemon may open it)
 SHARD_LOCK = "\0shard"
+#: requests a shard serves at once, at least (see `_fuse_main`)
+SHARD_MAX_TASKS = 128
 #: thread ids longer than this (UTF-8 bytes) are refused (as mount_tool refuses them)
 MAX_THREAD_ID_BYTES = 64 * 1024
 
@@ -164,7 +166,7 @@ class ShardDaemon(DaemonBase):
         volume.slot = slot
         volume.ops.in_use = self.in_use
         try:
-            volume.prepare()
+            volume.prepare(recover_now=False)
         except Exception:
             self._free_slot(slot)
             raise
@@ -173,6 +175,8 @@ class ShardDaemon(DaemonBase):
         self._by_vol[view.vol] = volume
         if self._nursery is not None:
             self._nursery.start_soon(self._run_volume, volume)
+            if volume.held is not None:  # a change a crash cut short: finished first
+                self._nursery.start_soon(volume.recover)
         log.info("volume_served", volume=view.volume, slot=slot)
         return volume
 
@@ -407,6 +411,18 @@ class ShardDaemon(DaemonBase):
         self._nursery = nursery
         for volume in list(self.loaded.values()):
             nursery.start_soon(self._run_volume, volume)
+            if volume.held is not None:
+                nursery.start_soon(volume.recover)
+
+    async def _fuse_main(self, cancel_scope: trio.CancelScope) -> None:
+        # Many volumes share the loop: requests waiting for a held volume must
+        # leave room for everyone else's.
+        import pyfuse3
+
+        try:
+            await pyfuse3.main(max_tasks=max(self.config.max_tasks, SHARD_MAX_TASKS))
+        finally:
+            cancel_scope.cancel()
 
     def _mounted_fields(self) -> dict:
         return {"shard": True}

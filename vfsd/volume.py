@@ -96,6 +96,9 @@ class Volume:
         self.ops.evicted_names = self.evictor.take_invalidations
         self.ops.reserve_file = self.evictor.reserve_file
         self.ops.used_step = self.evictor.used_step
+        # Background changes wait while a long operation holds the volume.
+        self.evictor.gate = self.wait_free
+        self.settler.gate = self.wait_free
         self._control = None
         #: set while a long operation holds the volume: its requests wait (`hold`)
         self.held: trio.Event | None = None
@@ -107,12 +110,46 @@ class Volume:
         self.remote = remote
         self.ops.remote = remote
 
-    def prepare(self) -> None:
+    def prepare(self, *, recover_now: bool = True) -> None:
         """Before the kernel sees any name: free what a previous run left
-        nameless, and apply the policy at the stored step."""
+        nameless, finish a change in steps a crash cut short, and apply the
+        policy at the stored step. With `recover_now` False, a change to
+        finish is left to `recover` (then the volume is held until it is
+        done: a shard's other volumes are served meanwhile)."""
+        self._free_orphans()
+        if self.snapshots.interrupted() is not None:
+            if not recover_now:
+                self.held = trio.Event()
+                return
+            steps = self.snapshots.finish_interrupted()
+            try:
+                while True:
+                    next(steps)
+            except StopIteration:
+                pass
+            self._free_orphans()
+            log.info("interrupted_change_finished", volume=self.name)
+        self._catch_up_with_step()
+
+    def _free_orphans(self) -> None:
         for ino in self.store.orphans():
             self.store.free_inode(ino)
-        self._catch_up_with_step()
+
+    async def recover(self) -> None:
+        """Finish a change in steps a crash cut short, yielding between its
+        transactions; the volume is held (by `prepare`) until then."""
+        from vfsd.fuse.snapservice import drive
+
+        found = self.snapshots.interrupted()
+        try:
+            await drive(self.snapshots.finish_interrupted())
+            self._free_orphans()  # what the finished restore unlinked (nobody holds it)
+            log.info("interrupted_change_finished", volume=self.name, change=found)
+            self._catch_up_with_step()
+        finally:
+            held, self.held = self.held, None
+            if held is not None:
+                held.set()
 
     def _catch_up_with_step(self) -> None:
         """A step advance stores the step, then evicts in a second transaction:

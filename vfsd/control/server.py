@@ -208,6 +208,8 @@ class ControlServer:
             if handler is None:
                 return req_id, None, ("unknown_op", f"unknown op {op[:100]!r}; known: "
                                       + ", ".join(self.host.known_ops())), None
+            if volume is not None and volume.held is not None:
+                await volume.wait_free()  # a long operation holds it
             result = handler(req)
             if inspect.isawaitable(result):
                 result = await result

@@ -38,6 +38,18 @@ from .writers import writers
 log = structlog.get_logger("vfsd.snapshots")
 
 
+async def drive(steps):
+    """Run a change made in steps (a generator of short transactions, see
+    `Snapshots.create_in_steps`) on the loop, yielding between transactions
+    so other requests are answered; its result."""
+    try:
+        while True:
+            next(steps)
+            await trio.sleep(0)
+    except StopIteration as done:
+        return done.value
+
+
 class SnapshotService:
     """What the control socket calls for snapshots of the mounted volume."""
 
@@ -73,6 +85,9 @@ class SnapshotService:
 
     #: a first snapshot of more objects than this is built in steps (see below)
     FIRST_IN_ONE_GO = 5000
+    #: a later snapshot or a restore of more changed objects than this is made
+    #: in steps, with the volume held (`Snapshots.create_in_steps`)
+    STEPS_ABOVE = 2000
     #: objects per step of such a build
     FIRST_BATCH = 500
 
@@ -104,6 +119,10 @@ class SnapshotService:
         if not self.store.tracking and \
                 self.store.counters()["inodes_allocated"] > self.FIRST_IN_ONE_GO:
             rec = await self._first_in_steps(pinned, label)
+        elif self.store.tracking and self.snaps.dirty_count() > self.STEPS_ABOVE:
+            async with self.daemon.hold():
+                self._settle_rest()
+                rec = await drive(self.snaps.create_in_steps(pinned=pinned, label=label))
         else:
             rec = self.snaps.create(pinned=pinned, label=label)
         rec["deleted"] = self._retention()
@@ -199,24 +218,29 @@ class SnapshotService:
         async with self.lock:
             self.snaps.get(ident)  # a clear error before any work
             await self._quiesce()
-            self._settle_rest()
-            if not force and self._open_among(self.snaps.restore_changes(ident)):
-                # Only then is /proc read (~1 ms a process): who writes them?
-                held = await trio.to_thread.run_sync(writers, self.daemon.run.mount_root)
-                held = self._own_inodes(held)
-                self._settle_rest()  # from here on, no await until the restore
-                self._refuse_writers(held, self.snaps.restore_changes(ident))
-            self._settle_rest()
-            from_step = self.store.get_step()
-            self.ops.journal.flush()  # the step being left, as it was
-            res = self.snaps.restore(ident)
-            files = self.ops.files
-            held_open = [ino for ino in res["inodes"] if ino in files.files]
-            for ino in res["inodes"]:
-                files.reload(ino)
-            self.ops._maybe_free(*res["unlinked"])
-            if self.ops.evicted is not None:
-                self.ops.evicted.reset()  # records changed in place: built again when asked
+            async with self.daemon.hold():
+                # From here on nothing else changes the volume: its requests
+                # wait, the other volumes' go on between the steps below.
+                self._settle_rest()
+                plan = await trio.to_thread.run_sync(self.snaps.restore_plan, ident)
+                changes = await trio.to_thread.run_sync(self._changed_inodes, plan)
+                if not force and self._open_among(changes):
+                    # Only then is /proc read (~1 ms a process): who writes them?
+                    held = await trio.to_thread.run_sync(writers, self.daemon.run.mount_root)
+                    self._refuse_writers(self._own_inodes(held), changes)
+                from_step = self.store.get_step()
+                self.ops.journal.flush()  # the step being left, as it was
+                if len(plan["targets"]) > self.STEPS_ABOVE:
+                    res = await drive(self.snaps.restore_in_steps(plan))
+                else:
+                    res = self.snaps.restore(ident)
+                files = self.ops.files
+                held_open = [ino for ino in res["inodes"] if ino in files.files]
+                for ino in res["inodes"]:
+                    files.reload(ino)
+                self.ops._maybe_free(*res["unlinked"])
+                if self.ops.evicted is not None:
+                    self.ops.evicted.reset()  # records changed in place: built again when asked
             await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
         self.latency["restore"].observe(time.perf_counter() - t0)
         self.ops.journal.restored(res["id"], from_step, res["step"])
@@ -256,6 +280,15 @@ class SnapshotService:
         return {"restored": res["restored"], "unchanged": res["unchanged"],
                 "from": sorted({snapshot_id(seq) for seq, _, _ in items}),
                 "step": self.store.get_step(), "duration_ms": took}
+
+    def _changed_inodes(self, plan: dict) -> set[int]:
+        """The inodes a restore by `plan` changes (reads; a worker thread)."""
+        out = set()
+        with self.store.txn() as txn:
+            for okey, target in plan["targets"].items():
+                if okey[:1] == b"i" and self.snaps.live_value(txn, okey) != target:
+                    out.add(int.from_bytes(okey[1:9], "big"))
+        return out
 
     def _own_inodes(self, held: dict[int, list]) -> dict[int, list]:
         """`writers`' answer (kernel numbers over the whole mount) in this
