@@ -162,3 +162,104 @@ def test_a_killed_shard_keeps_what_was_synced(shard):
     time.sleep(0.1)
     vfsd_cli("mount", "--shard", shard)
     assert tree(fs / "t1") == {"kept": b"t1"} and tree(fs / "t2") == {"kept": b"t2"}
+
+
+def test_one_volume_s_long_restore_does_not_hold_the_others(shard):
+    """A restore of many changes runs in short transactions: another volume's
+    creates go on meanwhile (in one transaction they waited seconds)."""
+    import threading
+
+    call(shard, "volume_create", volume="big")
+    call(shard, "volume_create", volume="small")
+    fs = shard / "fs"
+    n = 12_000
+    subprocess.run(["python3", "-c", (
+        "import os,sys\n"
+        "d=sys.argv[1]\n"
+        "for i in range(int(sys.argv[2])):\n"
+        "    os.makedirs(f'{d}/{i // 500}', exist_ok=True)\n"
+        "    open(f'{d}/{i // 500}/f{i}', 'w').write(str(i))\n"), str(fs / "big"), str(n)],
+        check=True)
+    snap = call(shard, "snapshot", volume="big")["id"]
+    subprocess.run(["rm", "-rf", *[str(p) for p in (fs / "big").iterdir()]], check=True)
+    done = threading.Event()
+    result = {}
+
+    def restore():
+        with connect(shard, timeout=300) as c:
+            result["res"] = c.call("restore", volume="big", snapshot=snap)
+        done.set()
+
+    worker = threading.Thread(target=restore)
+    worker.start()
+    made_during = 0
+    i = 0
+    while not done.is_set():
+        (fs / "small" / f"f{i}").write_text("x")
+        i += 1
+        if not done.is_set():
+            made_during += 1
+    worker.join()
+    assert result["res"]["changed"] >= n
+    # Many short transactions (each at most Snapshots.STEP_BUDGET_S of work),
+    # with the other volume's creates answered between them.
+    assert result["res"]["steps"] >= 20, result["res"]
+    assert made_during >= 10, f"only {made_during} creates while the restore ran"
+    assert len(list((fs / "big").rglob("f*"))) == n
+    assert (fs / "big" / "3" / "f1600").read_text() == "1600"
+    assert len(list((fs / "small").iterdir())) == i
+
+
+def _put_file(store, name: str, data: bytes) -> None:
+    import stat as st_mod
+
+    from vfsd.fuse.openfiles import OpenFiles
+
+    inode = store.create(1, name.encode(), st_mod.S_IFREG | 0o644, 0, 0)
+    files = OpenFiles(store, chunk_size=store.chunk_size, inline_max=4096)
+    of = files.acquire(inode.ino)
+    files.write(of, 0, data)
+    files.release(of)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 3, 7, None])
+def test_a_volume_dropped_in_steps_goes_whole_even_across_a_crash(tmp_path, cut):
+    from vfsd.fsck import fsck
+    from vfsd.snapshots.snapshots import Snapshots, drop_volume_in_steps, finish_drops_in_steps
+    from vfsd.store.store import Store
+
+    base = Store.base(tmp_path / "store", chunk_size=64 * 1024)
+    try:
+        with base.txn(write=True) as txn:
+            base.create_volume(txn, "keep")
+            base.create_volume(txn, "gone")
+        shared = os.urandom(200_000)  # chunked content both volumes hold
+        for name in ("keep", "gone"):
+            view = base.view(name)
+            _put_file(view, "shared", shared)
+            for i in range(30):
+                _put_file(view, f"f{i}", os.urandom(300 + i))
+            snaps = Snapshots(view, keep_last=5, keep_steps=0)
+            snaps.create()
+            _put_file(view, "later", b"x" * 5000)
+            snaps.create()
+        base.DROP_STEP_S = 0.0  # one record per transaction: many places to stop
+        steps = drop_volume_in_steps(base, "gone")
+        n = 0
+        for _ in steps:
+            n += 1
+            if cut is not None and n >= cut:
+                steps.close()
+                break
+        assert "gone" not in base.volumes()  # the name goes first: nothing can open it
+        if cut is not None:
+            assert base.pending_drops()
+            for _ in finish_drops_in_steps(base):
+                pass
+        assert base.pending_drops() == []
+        keep = base.view("keep")
+        report = fsck(keep, verify=True)
+        assert report.clean, report.problems
+        assert keep.counters()["files"] == 32
+    finally:
+        base.close()

@@ -29,8 +29,9 @@ import trio
 
 from vfsd.control.requests import RequestError, arg
 from vfsd.fuse.shardops import LOCAL_BITS, SLOT_LIMIT, Numbers, ShardOperations, VolumeKernel
+from vfsd.fuse.snapservice import drive
 from vfsd.fuse.writers import holders
-from vfsd.snapshots.snapshots import drop_volume
+from vfsd.snapshots.snapshots import drop_volume_in_steps, finish_drops_in_steps
 from vfsd.store.store import Store
 
 from .config import Config
@@ -348,7 +349,9 @@ class ShardDaemon(DaemonBase):
         volume = self.loaded.get(name)
         if volume is not None:
             await self._let_go(volume)
-        drop_volume(self.store, name)
+        # In short transactions: a large thread's records would otherwise hold
+        # every other volume for as long as they take to delete.
+        await drive(drop_volume_in_steps(self.store, name))
         log.info("volume_dropped", volume=name)
         return {"volume": name, "dropped": True}
 
@@ -409,6 +412,8 @@ class ShardDaemon(DaemonBase):
 
     async def _start_tasks(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
+        if self.store.pending_drops():  # a drop a crash cut short
+            nursery.start_soon(drive, finish_drops_in_steps(self.store))
         for volume in list(self.loaded.values()):
             nursery.start_soon(self._run_volume, volume)
             if volume.held is not None:

@@ -41,13 +41,18 @@ log = structlog.get_logger("vfsd.snapshots")
 async def drive(steps):
     """Run a change made in steps (a generator of short transactions, see
     `Snapshots.create_in_steps`) on the loop, yielding between transactions
-    so other requests are answered; its result."""
+    so other requests are answered; its result, with how many steps it took."""
+    n = 0
     try:
         while True:
             next(steps)
+            n += 1
             await trio.sleep(0)
     except StopIteration as done:
-        return done.value
+        result = done.value
+    if isinstance(result, dict):
+        result["steps"] = n
+    return result
 
 
 class SnapshotService:
@@ -251,7 +256,8 @@ class SnapshotService:
         open_files = sorted(p for p in (self.store.path_of(i) for i in held_open) if p)
         return {"id": res["id"], "step": res["step"], "changed": res["changed"],
                 "inodes": len(res["inodes"]), "names": len(res["dentries"]),
-                "open_files": open_files, "duration_ms": res["duration_ms"]}
+                "open_files": open_files, "duration_ms": res["duration_ms"],
+                "steps": res.get("steps", 1)}
 
     async def restore_paths(self, items_of, *, force: bool = False) -> dict:
         """Restore single files or subtrees (`pathrestore`), nothing else.

@@ -166,6 +166,17 @@ def drop_volume(store: Store, name: str) -> None:
     store.drop_volume(name, entry_refs)
 
 
+def drop_volume_in_steps(store: Store, name: str):
+    """`drop_volume` in short transactions (a generator, see `Store.drop_volume_in_steps`)."""
+    return store.drop_volume_in_steps(name, entry_refs)
+
+
+def finish_drops_in_steps(store: Store):
+    """Finish every drop a crash cut short (a generator)."""
+    for vol in store.pending_drops():
+        yield from store.finish_drop_in_steps(vol, entry_refs)
+
+
 def clear_volume(store: Store) -> None:
     """Empty the volume of `store` (no root, no snapshots), keeping the volume itself."""
     store.clear_volume(entry_refs)

@@ -530,6 +530,76 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         self._delete_unreferenced(freed)
         shutil.rmtree(self.hot.root / str(view.vol), ignore_errors=True)
 
+    #: seconds of work per transaction of a volume dropped in steps
+    DROP_STEP_S = 0.02
+
+    def drop_volume_in_steps(self, name: str, entry_refs: Callable[[bytes, bytes], list[bytes]]):
+        """`drop_volume` in short transactions (a generator: yields between
+        them). The first takes the name away (nothing can open the volume from
+        then on) and notes the drop under way in `meta` (`dropping:` + vol
+        u32); `pending_drops` lists those a crash cut short, and
+        `finish_drop_in_steps` ends them."""
+        with self.txn(write=True) as txn:
+            raw = txn.get(name.encode(), db=self.db["volume"])
+            if raw is None:
+                raise errors.NoSuchVolume(f"store {self.dir} has no volume {name!r}")
+            vol = _VI.unpack(raw)[0]
+            txn.delete(name.encode(), db=self.db["volume"])
+            txn.put(b"dropping:" + _U32.pack(vol), name.encode(), db=self.db["meta"])
+        yield from self.finish_drop_in_steps(vol, entry_refs)
+
+    def pending_drops(self) -> list[int]:
+        """Volume ids whose drop a crash cut short (see `drop_volume_in_steps`)."""
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db["meta"])
+            out = []
+            if cur.set_range(b"dropping:"):
+                for key in cur.iternext(values=False):
+                    if not bytes(key).startswith(b"dropping:"):
+                        break
+                    out.append(_U32.unpack(bytes(key)[9:13])[0])
+            return out
+
+    def finish_drop_in_steps(self, vol: int, entry_refs):
+        """Delete every record of volume `vol` (whose name is gone already),
+        a short transaction per step, then its meta keys and the drop's note."""
+        vb = _U32.pack(vol)
+        for table in self._PER_VOLUME:
+            if self.db[table] is None:
+                continue
+            while True:
+                deadline = time.perf_counter() + self.DROP_STEP_S
+                refs: Counter = Counter()
+                more = False
+                with self.txn(write=True) as txn:
+                    cur = txn.cursor(db=self.db[table])
+                    if cur.set_range(vb):
+                        while cur.key()[:4] == vb:
+                            if table == "block":
+                                refs[bytes(cur.value())] -= 1
+                            elif table == "sver":
+                                for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
+                                    refs[ref] -= 1
+                            if not cur.delete() or not cur.key():
+                                break
+                            if time.perf_counter() > deadline:
+                                more = cur.key()[:4] == vb
+                                break
+                    freed = self.content.apply(txn, refs)
+                self._delete_unreferenced(freed)
+                yield table
+                if not more:
+                    break
+        prefix = b"v" + vb + b":"
+        with self.txn(write=True) as txn:
+            cur = txn.cursor(db=self.db["meta"])
+            if cur.set_range(prefix):
+                while cur.key()[:len(prefix)] == prefix:
+                    if not cur.delete() or not cur.key():
+                        break
+            txn.delete(b"dropping:" + vb, db=self.db["meta"])
+        shutil.rmtree(self.hot.root / str(vol), ignore_errors=True)
+
     def view(self, name: str) -> Store:
         """A handle on another volume of this store (same environment).
 
