@@ -425,10 +425,12 @@ def _publish_first(run: RunDir, deadline: float, force: bool) -> dict | None:
             with ControlClient(run.sock, timeout=30.0) as c:
                 return c.call(op)
         except ControlError as exc:
-            if exc.code == "no_remote":
+            if exc.code in ("no_remote", "unknown_op"):
                 return None
             raise
     try:
+        if ask("shard") is not None:
+            return None  # a shard: each run publishes what it made before it ends
         status = ask("publish_status")
         if status is None:
             return None
