@@ -358,11 +358,20 @@ class Evictor:
 
     def usage(self, counters: dict | None = None) -> int:
         """Bytes the quota counts: file content (writes still buffered
-        included) and extended attributes."""
+        included) and extended attributes, of files with a name and of those
+        whose last name went while something still holds them (until freed)."""
         counters = counters or self.store.counters()
         pending = sum(max(of.inode.size - of.committed_size, 0)
                       for of in self.files.files.values())
-        return counters["logical_bytes"] + counters["xattr_bytes"] + pending
+        return (counters["logical_bytes"] + counters["xattr_bytes"]
+                + counters["orphan_bytes"] + pending)
+
+    def unlinked_usage(self) -> int:
+        """What of `usage` is held by files with no name left (open, or held
+        by the kernel): content, buffered writes included, and xattrs."""
+        pending = sum(max(of.inode.size - of.committed_size, 0)
+                      for of in self.files.files.values() if of.inode.nlink == 0)
+        return self.store.counters()["orphan_bytes"] + pending
 
     # ------------------------------------------------------------ applying
 
@@ -492,7 +501,7 @@ class Evictor:
                 await trio.to_thread.run_sync(self.invalidate_now, pending)
 
     def _tell_kernel(self, removed: list[tuple[int, list[tuple[int, bytes]]]]) -> None:
-        """Queue kernel invalidations for removed names; free what nobody uses."""
+        """Queue kernel invalidations for removed names; free what nobody has open."""
         fuse_ino = self.ops._fuse_ino
         for ino, names in removed:
             of = self.files.get(ino)
@@ -500,7 +509,14 @@ class Evictor:
                 of.inode.nlink = 0
             for parent, name in names:
                 self.pending_invalidations.append((fuse_ino(parent), name, fuse_ino(ino)))
-        self.ops._maybe_free(*(ino for ino, _ in removed))
+        # Freed now, not at the kernel's FORGET: the quota counts a nameless
+        # inode until it is freed, and the room eviction makes must be there
+        # for the write that asked for it. Nothing can open an evicted file
+        # again (a request for the stale inode gets ENOENT); open ones wait
+        # for their last close, as an unlinked file does.
+        closed = [ino for ino, _ in removed if ino not in self.files.files]
+        if closed:
+            self.store.free_inodes(closed)
 
     def take_invalidations(self) -> list[tuple[int, bytes, int]]:
         pending, self.pending_invalidations = self.pending_invalidations, []

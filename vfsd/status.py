@@ -77,8 +77,10 @@ def live_status(daemon) -> dict:
         "pid": os.getpid(),
         "mountpoint": str(daemon.run.mountpoint),
         "uptime_s": round(time.monotonic() - daemon.started, 1),
-        # What the quota counts: content (buffered writes included) and xattrs.
+        # What the quota counts: content (buffered writes included) and xattrs,
+        # of files unlinked while open too (until freed: `quota_unlinked_bytes`).
         "quota_used_bytes": ev.usage(),
+        "quota_unlinked_bytes": ev.unlinked_usage(),
         "quota_bytes": daemon.config.quota_bytes,
         "open_files": len(ops.files.files),
         # A first snapshot being built in steps: objects recorded so far, and

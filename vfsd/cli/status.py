@@ -199,6 +199,8 @@ def _text(doc: dict) -> str:
     if "quota_used_bytes" in doc:
         limit = f" of {human(doc['quota_bytes'])}" if doc.get("quota_bytes") else ""
         pairs.append(("quota used", f"{human(doc['quota_used_bytes'])}{limit}"))
+        if doc.get("quota_unlinked_bytes"):
+            pairs.append(("  unlinked, still open", human(doc["quota_unlinked_bytes"])))
     for key, value in doc.get("counters", {}).items():
         shown = human(value) if key in BYTE_COUNTERS else _count(value)
         pairs.append((key.replace("_", " "), shown))
