@@ -21,6 +21,7 @@ Outside `running(...)` nothing is tagged: the daemon records "no tool call".
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -80,16 +81,29 @@ def from_request(request: Any) -> tuple[str, str, str] | None:
     return str(tool), str(call_id), str(thread)
 
 
-def tag(fd: int) -> None:
+def tag(fd: int, client: Any = None) -> None:
     """Tell the daemon that the running tool call is about to write through `fd`.
 
-    Nothing happens outside a tool call. A mount that refuses the xattr (an
-    older daemon) loses the attribution, never the write.
+    Nothing happens outside a tool call. The daemon takes the tag only from
+    a process that has reached its control socket (a command inside
+    `execute` cannot name a call): `client`, the mount's ControlClient, is
+    pinged once if the daemon refuses for that reason (a daemon restarted
+    since this process last spoke to it). A tag still refused loses the
+    attribution, with a warning, never the write.
     """
     call = _current.get()
     if call is None:
         return
-    try:
-        os.setxattr(fd, CALL_XATTR, json.dumps(call).encode())
-    except OSError as exc:
-        logger.debug("tool call tag refused: %s", exc)
+    value = json.dumps(call).encode()
+    for attempt in (0, 1):
+        try:
+            os.setxattr(fd, CALL_XATTR, value)
+            return
+        except OSError as exc:
+            if exc.errno == errno.EPERM and attempt == 0 and client is not None:
+                with contextlib.suppress(Exception):
+                    client.ping()
+                continue
+            logger.warning("the daemon refused to record tool call %s:%s as the author "
+                           "of this write: %s", call.get("tool"), call.get("id"), exc)
+            return

@@ -1132,7 +1132,7 @@ class VfsdOperations(pyfuse3.Operations):
             return
         self._check_writable()
         if name.startswith(XATTR_PREFIX):
-            self._set_vfsd_xattr(ino, name, value)
+            self._set_vfsd_xattr(ino, name, value, _pid(ctx))
             return
         if len(name) > 255:
             raise pyfuse3.FUSEError(errno.ERANGE)
@@ -1145,9 +1145,9 @@ class VfsdOperations(pyfuse3.Operations):
             await self._drop_evicted_names()
         self.store.set_xattr(ino, name, value)
 
-    def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+    def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes, pid: int = 0) -> None:
         if name == XATTR_CALL:
-            self._tag(ino, value)
+            self._tag(ino, value, pid)
             return
         if name in XATTR_RO:
             raise pyfuse3.FUSEError(errno.EPERM)
@@ -1187,11 +1187,16 @@ class VfsdOperations(pyfuse3.Operations):
         if call != NO_CALL or of.writer is None:
             of.writer = call
 
-    def _tag(self, ino: int, value: bytes) -> None:
+    def _tag(self, ino: int, value: bytes, pid: int) -> None:
         """`user.vfsd.call`: the tool call that is about to write this file
         (see `provenance`). On an open file it is the author of what the file
         commits next (and its maker, if the open made it), stored with that
-        commit; on a closed one it becomes the last changer at once."""
+        commit; on a closed one it becomes the last changer at once. Only a
+        process that reached the control socket may set it (EPERM)."""
+        refused = self.provenance.may_tag(pid)
+        if refused is not None:
+            log.info("call_tag_refused", ino=ino, pid=pid, why=refused)
+            raise pyfuse3.FUSEError(errno.EPERM)
         if not self._attrs(ino).is_reg or len(value) > 4096:
             raise pyfuse3.FUSEError(errno.EINVAL)
         try:
