@@ -374,11 +374,15 @@ class NamespaceMixin:
             return self._path_in(txn, ino)
 
     def _path_in(self, txn, ino: int) -> str | None:
+        # Any depth (a tree may be deeper than PATH_MAX or 4,096 directories);
+        # only a directory met twice, a damaged store, has no path.
         parts: list[bytes] = []
+        seen: set[int] = set()
         while ino != self.root_ino:
             up = self._parent_of(txn, ino)
-            if up is None or len(parts) > 4096:
+            if up is None or ino in seen:
                 return None
+            seen.add(ino)
             parts.append(up[1])
             ino = up[0]
         return "/".join(p.decode(errors="surrogateescape") for p in reversed(parts))
