@@ -139,7 +139,8 @@ def test_a_bad_tag_is_refused_and_changes_nothing(run):
     for value in (b"not json", b"[1]", b'{"tool": "x"}', b'{"tool": "x", "id": ""}',
                   json.dumps({"tool": "x" * 200, "id": "1"}).encode(),
                   json.dumps({"tool": "x", "id": "1", "step": -1}).encode(),
-                  json.dumps({"tool": "x\n", "id": "1"}).encode(), b"{" * 5000):
+                  json.dumps({"tool": "x", "id": "1", "thread": "t" * 70000}).encode()[:4000],
+                  json.dumps({"key": "00000000000000ab"}).encode(), b"{" * 5000):
         with pytest.raises(OSError) as err:
             os.setxattr(target, toolcalls.CALL_XATTR, value)
         assert err.value.errno == 22, value  # EINVAL
@@ -203,6 +204,31 @@ def test_a_command_inside_execute_cannot_forge_provenance(run, mnt):
     assert who(report["changed_by"]) == "execute:x1"
     assert who(dropper["made_by"]) == who(dropper["changed_by"]) == "execute:x1"
     assert dropper["made_by"]["thread"] == "t1"
+
+
+@pytest.mark.parametrize("thread", ["t" * 300, "a\x01b\nc\x1b[2J", "\ud800 lone", "x" * 65536,
+                                    "\x07" * 20000],
+                         ids=["300 chars", "control chars", "lone surrogate", "64 KiB",
+                              "64 KiB escaped"])
+def test_every_thread_id_a_runs_accepts_is_recorded_as_it_is(run, thread):
+    """Issue 28, item 10: a thread id over 256 characters, or with control
+    characters, was refused by the daemon and the file recorded no author,
+    silently. Runs accepts any string up to 64 KiB (UTF-8)."""
+    from mount_tool.runs import thread_key
+
+    assert thread_key(thread) == thread
+    m = mount_tool.Mount.attach(run.run_dir)
+    try:
+        with toolcalls.running("write_file", "w1", thread):
+            m.write("a.txt", "a\n")
+        backend = VfsdBackend(m)
+        with toolcalls.running("edit_file", "e1", thread):
+            assert backend.edit("/a.txt", "a", "b").error is None
+    finally:
+        m.detach()
+    doc = attrs(run.root, "a.txt")
+    assert who(doc["made_by"]) == "write_file:w1" and doc["made_by"]["thread"] == thread
+    assert who(doc["changed_by"]) == "edit_file:e1" and doc["changed_by"]["thread"] == thread
 
 
 def test_call_registration_is_checked(run):

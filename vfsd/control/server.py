@@ -117,7 +117,7 @@ class ControlServer:
             "publish_status": self.op_publish_status,
             "perf": self.op_perf, "info": self.op_info, "timeline": self.op_timeline,
             "warmup_plan": self.op_warmup_plan, "warmup_fetch": self.op_warmup_fetch,
-            "call_begin": self.op_call_begin,
+            "call_begin": self.op_call_begin, "call_record": self.op_call_record,
             "call_end": self.op_call_end, "stop": self.op_stop,
         }
         # Requests that change files: refused once another worker holds the run.
@@ -478,6 +478,11 @@ class ControlServer:
         key = self.ops.provenance.begin(_arg(req, "call", dict), cgroup=cgroup, pidns=pidns,
                                         session=session)
         return {"key": f"{key:016x}"}
+
+    def op_call_record(self, req: dict) -> dict:
+        """Record `call` (one whose description is too large for a
+        `user.vfsd.call` tag: a long thread id); a tag then names it by key."""
+        return {"key": f"{self.ops.provenance.intern(_arg(req, 'call', dict)):016x}"}
 
     def op_call_end(self, req: dict) -> dict:
         text = _arg(req, "key", str)

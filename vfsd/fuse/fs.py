@@ -1200,7 +1200,7 @@ class VfsdOperations(pyfuse3.Operations):
         if not self._attrs(ino).is_reg or len(value) > 4096:
             raise pyfuse3.FUSEError(errno.EINVAL)
         try:
-            key = self.provenance.intern(json.loads(value))
+            key = self.provenance.intern_tag(json.loads(value))
         except (ValueError, errors.InvalidArgument) as exc:
             log.info("bad_call_tag", ino=ino, error=str(exc)[:200])
             raise pyfuse3.FUSEError(errno.EINVAL) from None

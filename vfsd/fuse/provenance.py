@@ -130,6 +130,24 @@ class Provenance:
             self.known[key] = checked
         return key
 
+    def intern_tag(self, desc: object) -> int:
+        """The key a `user.vfsd.call` tag names: a call description, or
+        {"key": HEX} for a call recorded already (`call_record`: one too
+        large for an xattr). InvalidArgument if bad or not recorded."""
+        if isinstance(desc, dict) and set(desc) == {"key"}:
+            text = desc["key"]
+            if not isinstance(text, str) or len(text) != 16:
+                raise errors.InvalidArgument("'key' is the hex key call_record answered")
+            try:
+                key = int(text, 16)
+            except ValueError:
+                raise errors.InvalidArgument("'key' is the hex key call_record answered") \
+                    from None
+            if self.known.get(key) is None and self.store.get_call(key) is None:
+                raise errors.InvalidArgument(f"no call {text} is recorded")
+            return key
+        return self.intern(desc)
+
     def begin(self, desc: object, *, cgroup: str | None = None, pidns: str | None = None,
               session: int | None = None) -> int:
         """Attribute requests of the processes in `cgroup` (a directory name),
