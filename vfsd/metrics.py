@@ -114,7 +114,8 @@ class DaemonCollector(Collector):
             "vfsd_evicted_files", "Files removed by eviction.", value=d.evictor.evicted_total
         )
         yield CounterMetricFamily(
-            "vfsd_enospc", "Writes refused because a quota was full.", value=d.evictor.enospc_total
+            "vfsd_enospc", "Writes refused for lack of room (ENOSPC): a quota, max_files "
+            "or the store's disk.", value=d.evictor.enospc_total + d.ops.disk.refusals
         )
         yield GaugeMetricFamily(
             "vfsd_dirty_bytes",

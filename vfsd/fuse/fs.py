@@ -15,7 +15,6 @@ import json
 import math
 import os
 import stat
-import time
 from collections.abc import Callable
 
 import pyfuse3
@@ -30,6 +29,7 @@ from vfsd.store.invariants import MAX_FILE_SIZE  # 16 TiB: past it, EFBIG
 from vfsd.store.store import Store, now_ns
 
 from . import ctldir, evictedview, snapview
+from .diskspace import DISK_RESERVE, DiskSpace
 from .journal import StepJournal
 from .openfiles import OpenFiles, hash_hot_blocks
 from .provenance import Provenance
@@ -139,6 +139,7 @@ def _failed(self, op: str, exc: Exception, attempt: int) -> None:
         log.warning("store_disk_full_reserve_released", op=op)
         return
     log.warning("store_disk_full", op=op, error=str(exc))
+    self.disk.refused()
     raise pyfuse3.FUSEError(errno.ENOSPC) from None
 
 
@@ -173,7 +174,7 @@ class VfsdOperations(pyfuse3.Operations):
     enable_writeback_cache = True
     supports_dot_lookup = False
     #: room kept free on the store's disk for LMDB pages and chunk metadata
-    DISK_RESERVE = 4 << 20
+    DISK_RESERVE = DISK_RESERVE
     #: attribute cache time for files open at the moment of the reply (seconds)
     OPEN_ATTR_TIMEOUT = 1.0
     _failed = _failed
@@ -219,8 +220,8 @@ class VfsdOperations(pyfuse3.Operations):
         self.on_open = None
         # Inode -> the last step it was written or opened, opens not yet stored included.
         self.used_step = None
-        self._disk_free = 0
-        self._disk_checked = 0.0
+        # Room on the store's disk: writes refused up front, refusals counted.
+        self.disk = DiskSpace(store.dir)
         self._loading: dict[bytes, trio.Event] = {}  # chunk loads in flight
         # `.vfsd/` answers lookups by name but is left out of readdir of the
         # root, so `ls`, `find` and `grep -r` over the mount never trip on it.
@@ -862,21 +863,9 @@ class VfsdOperations(pyfuse3.Operations):
         return n
 
     def _check_disk_space(self, incoming: int) -> None:
-        """ENOSPC now, while the writer can still see it, if buffers could not commit.
-
-        Small files commit at release, after close() has returned; refusing the
-        write while there is no room for it is the only way to report it.
-        """
-        now = time.monotonic()
-        need = self.files.dirty_bytes + incoming + self.DISK_RESERVE
-        # A cached answer is good for 0.1 s only while there is plenty of room.
-        if now - self._disk_checked > 0.1 or self._disk_free < need + (64 << 20):
-            st = os.statvfs(self.store.dir)
-            self._disk_free = st.f_bavail * st.f_frsize
-            self._disk_checked = now
-        if need > self._disk_free:
-            self._disk_checked = 0.0  # look again next time: space may come back
-            log.warning("store_disk_full", free=self._disk_free, needed=need)
+        """ENOSPC now, while the writer can still see it, if buffers could not
+        commit (see `diskspace`)."""
+        if not self.disk.check(self.files.dirty_bytes + incoming):
             raise pyfuse3.FUSEError(errno.ENOSPC)
 
     @_guard
