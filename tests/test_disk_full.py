@@ -82,3 +82,19 @@ def test_a_full_disk_is_counted_reported_unhealthy_and_clears(run_factory, small
     assert (run.root / "after").read_bytes() == data
     assert check(run).returncode == 0, check(run).stderr
     assert json.loads(vfsd_cli("status", run.run_dir, "--json").stdout)["disk_full"] is False
+
+
+def test_room_freed_through_the_mount_is_there_for_the_next_write(run_factory, small_disk):
+    """Deleting a large file in the mount gives its room back at once: the next
+    write does not wait for a sync to delete the chunk files."""
+    run = run_factory("full", "--store", str(small_disk))
+    run.expect_errors = True
+    filler = fill_disk(small_disk, leave=14 * MiB)
+    big = os.urandom(8 * MiB)
+    assert write_errno(run.root / "big", big) is None
+    assert write_errno(run.root / "refused", os.urandom(6 * MiB)) == errno.ENOSPC
+    os.unlink(run.root / "big")
+    data = os.urandom(6 * MiB)
+    assert write_errno(run.root / "after", data) is None
+    assert (run.root / "after").read_bytes() == data
+    filler.unlink()

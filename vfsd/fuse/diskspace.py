@@ -6,7 +6,9 @@ Small files commit at release, after close() has returned, so a write the
 disk cannot take must be refused at write() while the writer can still see
 it. The free space is read with statvfs, cached for 0.1 s only while there
 is plenty of room; after a refusal the next write looks again, so the first
-write after space is freed goes through.
+write after space is freed goes through. Room freed in the mount (a file
+deleted) comes back only when its chunk files are deleted, after the next
+sync: a write that does not fit syncs first if anything waits for that.
 
 `full()` is what `vfsd status` (and its `--check`) reports: true from a
 refusal until the disk shows the room that refusal lacked again (bounded,
@@ -45,19 +47,22 @@ class DiskSpace:
         self._checked = time.monotonic()
         return self._free
 
-    def check(self, need: int) -> bool:
-        """True if `need` bytes (with the reserve) fit; a refusal is counted."""
+    def fits(self, need: int) -> bool:
+        """True if `need` bytes (with the reserve) fit on the disk now."""
         need += DISK_RESERVE
         # A cached answer is good for 0.1 s only while there is plenty of room.
         if time.monotonic() - self._checked > 0.1 or self._free < need + (64 << 20):
             self._statvfs()
         if need > self._free:
             self._checked = 0.0  # look again next time: space may come back
-            log.warning("store_disk_full", free=self._free, needed=need)
-            self.refused(need)
             return False
         self._lacking = None
         return True
+
+    def refuse(self, need: int) -> None:
+        """`need` bytes did not fit: logged and counted."""
+        log.warning("store_disk_full", free=self._free, needed=need + DISK_RESERVE)
+        self.refused(need + DISK_RESERVE)
 
     def refused(self, need: int = DISK_RESERVE + (1 << 20)) -> None:
         """A write or store change was refused for lack of disk (ENOSPC)."""

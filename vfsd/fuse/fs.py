@@ -840,7 +840,7 @@ class VfsdOperations(pyfuse3.Operations):
             if self.quota is not None and end > of.inode.size:
                 self.quota(end - of.inode.size, of.inode.ino)
                 await self._drop_evicted_names()
-            self._check_disk_space(len(buf))
+            await self._check_disk_space(len(buf))
         except (errors.NoSpace, pyfuse3.FUSEError):
             # The kernel already took these bytes into its page cache and grew
             # its own idea of the size (writeback cache), which it never takes
@@ -862,11 +862,20 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.bytes_written += n
         return n
 
-    def _check_disk_space(self, incoming: int) -> None:
+    async def _check_disk_space(self, incoming: int) -> None:
         """ENOSPC now, while the writer can still see it, if buffers could not
-        commit (see `diskspace`)."""
-        if not self.disk.check(self.files.dirty_bytes + incoming):
-            raise pyfuse3.FUSEError(errno.ENOSPC)
+        commit (see `diskspace`). Files freed but waiting for a sync to be
+        deleted are room too: the sync runs now, in a worker thread."""
+        if self.disk.fits(self.files.dirty_bytes + incoming):
+            return
+        if self.store.durability.awaiting_deletion():
+            self.store.flush_group()
+            await trio.to_thread.run_sync(self.store.sync)
+            self.store.delete_synced(self.files.files.__contains__)
+            if self.disk.fits(self.files.dirty_bytes + incoming):
+                return
+        self.disk.refuse(self.files.dirty_bytes + incoming)
+        raise pyfuse3.FUSEError(errno.ENOSPC)
 
     @_guard
     async def flush(self, fh):
