@@ -134,7 +134,10 @@ def test_a_git_work_tree_survives_whole_then_goes_whole(run) -> None:
     report = step_to(run, 51)
     assert sorted(r["path"] for r in report["evicted"]) == [f"proj/{p}" for p in before]
     assert {r["unit"] for r in report["evicted"]} == {"proj"}
-    assert files_under(proj) == []
+    # Its directories went with it (issue 28): `proj/.git/` left as a skeleton
+    # of empty directories misled every tool that looks for `.git`.
+    assert not proj.exists() and os.listdir(run.root) == []
+    assert git(run.root, "status").returncode != 0  # no repository anywhere
 
 
 def test_a_venv_is_a_unit_and_one_open_file_defers_all_of_it(run_factory) -> None:
