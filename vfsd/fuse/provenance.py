@@ -75,6 +75,7 @@ class ControlPeers:
 
     def __init__(self) -> None:
         self._procs: dict[int, bytes] = {}  # pid -> start time
+        self._last = 0  # the peer the last tag came from: looked at first
 
     def add(self, pid: int) -> None:
         """A connection from `pid` (SO_PEERCRED) was accepted."""
@@ -92,9 +93,12 @@ class ControlPeers:
         """True if thread `tid` belongs to a process that reached the socket."""
         if tid <= 0:
             return False
-        for pid, start in list(self._procs.items()):
+        last = self._last
+        peers = ([last] if last in self._procs else []) + [p for p in self._procs if p != last]
+        for pid in peers:
             if os.path.exists(f"/proc/{pid}/task/{tid}"):
-                if _start_time(pid) == start:
+                if _start_time(pid) == self._procs[pid]:
+                    self._last = pid
                     return True
                 del self._procs[pid]  # the pid was reused: not our peer
         return False
