@@ -82,7 +82,7 @@ class ControlPeers:
         start = _start_time(pid) if pid > 0 else None
         if start is None or self._procs.get(pid) == start:
             return
-        if len(self._procs) >= MAX_PEERS:
+        if len(self._procs) >= 16:  # the dead ones go (CLI runs come and go)
             for gone in [p for p, s in self._procs.items() if _start_time(p) != s]:
                 del self._procs[gone]
             while len(self._procs) >= MAX_PEERS:
