@@ -280,16 +280,12 @@ def test_a_file_deeper_than_4096_directories_is_evicted_and_counted(run_factory)
         fdf = os.open("deep.bin", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
         os.write(fdf, b"x" * (600 << 10))
         os.close(fdf)
-    finally:
-        os.close(fd)
-    # The quota takes it (the oldest file) to make room for a newer one.
-    (r.root / "new.bin").write_bytes(b"y" * (600 << 10))
-    records = json.loads(vfsd_cli("evicted", r.run_dir, "--json").stdout)
-    deep = "/".join(parts) + "/deep.bin"
-    assert [(rec["path"], rec["reason"]) for rec in records] == [(deep, "quota")]
-    # By age: a file made deep again goes at its step.
-    _, fd = make_deep(r.root / parts[0], 4200, "e")
-    try:
+        # The quota takes it (the oldest file) to make room for a newer one.
+        (r.root / "new.bin").write_bytes(b"y" * (600 << 10))
+        records = json.loads(vfsd_cli("evicted", r.run_dir, "--json").stdout)
+        deep = "/".join(parts) + "/deep.bin"
+        assert [(rec["path"], rec["reason"]) for rec in records] == [(deep, "quota")]
+        # By age: a file made there goes at its step.
         os.close(os.open("aged.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
     finally:
         os.close(fd)
