@@ -117,7 +117,7 @@ class ControlServer:
             "publish_status": self.op_publish_status,
             "perf": self.op_perf, "info": self.op_info, "timeline": self.op_timeline,
             "warmup_plan": self.op_warmup_plan, "warmup_fetch": self.op_warmup_fetch,
-            "call_begin": self.op_call_begin,
+            "call_begin": self.op_call_begin, "call_record": self.op_call_record,
             "call_end": self.op_call_end, "stop": self.op_stop,
         }
         # Requests that change files: refused once another worker holds the run.
@@ -157,11 +157,12 @@ class ControlServer:
                     continue
                 nursery.start_soon(self._handle_conn, stream)
 
-    def _peer_uid(self, stream: trio.SocketStream) -> int:
+    def _peer(self, stream: trio.SocketStream) -> tuple[int, int]:
+        """(pid, uid) of the connecting process (SO_PEERCRED)."""
         raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                        struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", raw)
-        return uid
+        pid, uid, _gid = struct.unpack("3i", raw)
+        return pid, uid
 
     async def _handle_conn(self, stream: trio.SocketStream) -> None:
         """One connection, start to end. Nothing it raises reaches the nursery."""
@@ -174,11 +175,13 @@ class ControlServer:
             log.exception("control_connection_failed")
 
     async def _serve_conn(self, stream: trio.SocketStream) -> None:
-        uid = self._peer_uid(stream)
+        pid, uid = self._peer(stream)
         if uid not in (os.getuid(), 0):
             await self._send_bounded(stream, encode_reply(
                 None, error=("forbidden", "peer uid not allowed")))
             return
+        # A process that reaches the socket may name tool calls (`provenance`).
+        self.ops.provenance.peers.add(pid)
         slot = self.slots.admit(uid)
         if slot is None:
             await self._send_bounded(stream, encode_reply(None, error=(
@@ -475,6 +478,11 @@ class ControlServer:
         key = self.ops.provenance.begin(_arg(req, "call", dict), cgroup=cgroup, pidns=pidns,
                                         session=session)
         return {"key": f"{key:016x}"}
+
+    def op_call_record(self, req: dict) -> dict:
+        """Record `call` (one whose description is too large for a
+        `user.vfsd.call` tag: a long thread id); a tag then names it by key."""
+        return {"key": f"{self.ops.provenance.intern(_arg(req, 'call', dict)):016x}"}
 
     def op_call_end(self, req: dict) -> dict:
         text = _arg(req, "key", str)
