@@ -255,7 +255,7 @@ class VfsdBackend(SandboxBackendProtocol):
         root = Path(os.path.realpath(m.root))
         view = _RunView(
             m, root, Sandbox(root, **self._sandbox_options),
-            MountFiles(m.root_fd, lambda p: m.relative(p.lstrip("/") or ".")))
+            MountFiles(m.root_fd, lambda p: m.relative(p.lstrip("/") or "."), m.client))
         with self._views_lock:
             if len(self._views) >= self.VIEWS_KEPT:
                 self._views.pop(next(iter(self._views)))

@@ -110,12 +110,15 @@ class MountFiles:
 
     `open_root` is a context manager giving an O_PATH fd of the mount root;
     `resolve` maps a path to its symlink-free form inside the mount (ValueError
-    if it leads outside), as `Mount.relative` does.
+    if it leads outside), as `Mount.relative` does; `client` is the mount's
+    control client, through which an edit's tool call is named (`toolcalls.tag`).
     """
 
-    def __init__(self, open_root: Callable, resolve: Callable[[str], str]) -> None:
+    def __init__(self, open_root: Callable, resolve: Callable[[str], str],
+                 client=None) -> None:
         self.open_root = open_root
         self.resolve = resolve
+        self.client = client
 
     def _open(self, virtual: str, flags: int) -> int:
         with self.open_root() as root:
@@ -241,7 +244,7 @@ class MountFiles:
                 if isinstance(result, str):
                     return EditResult(error=result)
                 text, occurrences = result
-                toolcalls.tag(fd)
+                toolcalls.tag(fd, self.client)
                 _rewrite(fd, text.encode("utf-8"), raw)
         except (FileNotFoundError, IsADirectoryError):
             return EditResult(error=f"Error: File '{virtual}' not found")

@@ -287,7 +287,7 @@ class Mount:
             # Truncate only once it is known to be a regular file.
             os.ftruncate(fd, 0)
             os.set_blocking(fd, True)
-            toolcalls.tag(fd)  # the running tool call, if any, is the author
+            toolcalls.tag(fd, self.client)  # the running tool call, if any, is the author
         except BaseException:
             os.close(fd)
             raise

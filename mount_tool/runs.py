@@ -436,7 +436,14 @@ class Runs:
             target_entry = self._entry(target)
             with target_entry.lock:
                 if target_dir.exists() and not (target_dir / THREAD_RECORD).exists():
-                    _remove_empty_run_dir(target_dir)  # a copy that died half way
+                    # Never removed here: it may be a thread that lost its record
+                    # as well as a copy that died half way (a copy deletes nothing
+                    # it did not make in this call).
+                    raise MountToolError(
+                        f"{target_dir} exists but has no {THREAD_RECORD}, so it is no "
+                        f"thread this Runs knows (a thread whose record was lost, or a "
+                        f"copy that died half way); nothing was changed. Restore its "
+                        f"{THREAD_RECORD}, or move the directory away, and copy again")
                 # A connection of its own: a long history may outlast the shared
                 # client's timeout.
                 with ControlClient(m.client.socket_path, timeout=COPY_TIMEOUT) as c:
@@ -502,19 +509,6 @@ def _vfsd_cli(*args: str) -> None:
     if proc.returncode != 0:
         raise MountError(f"vfsd {' '.join(args)} exited {proc.returncode}: "
                          f"{(proc.stderr or proc.stdout).strip()}")
-
-
-def _remove_empty_run_dir(run_dir: Path) -> None:
-    """Remove what a copy that failed left (no record, nothing mounted)."""
-    import shutil
-
-    if is_mounted(run_dir / "fs"):
-        raise MountToolError(f"{run_dir} is mounted but records no thread: unmount it first")
-    store_file = run_dir / ".vfsd" / "store.json"
-    if store_file.exists():
-        _vfsd_cli("drop", str(run_dir))
-    else:
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _copy_checkpoint_record(source_state: Path, target_state: Path, target: str) -> None:

@@ -21,6 +21,7 @@ Outside `running(...)` nothing is tagged: the daemon records "no tool call".
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -32,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 #: the xattr the daemon reads the call from (write-only)
 CALL_XATTR = "user.vfsd.call"
+#: a tag's largest inline value; a larger call (a long thread id) is recorded
+#: once through the control socket and tagged by its key
+TAG_INLINE_MAX = 4096
+#: (socket path, tool, id, thread) -> key of calls recorded that way
+_recorded: dict[tuple, str] = {}
 
 _current: ContextVar[dict[str, Any] | None] = ContextVar("vfsd_tool_call", default=None)
 
@@ -80,16 +86,58 @@ def from_request(request: Any) -> tuple[str, str, str] | None:
     return str(tool), str(call_id), str(thread)
 
 
-def tag(fd: int) -> None:
+def tag(fd: int, client: Any = None) -> None:
     """Tell the daemon that the running tool call is about to write through `fd`.
 
-    Nothing happens outside a tool call. A mount that refuses the xattr (an
-    older daemon) loses the attribution, never the write.
+    Nothing happens outside a tool call. The daemon takes the tag only from
+    a process that has reached its control socket (a command inside
+    `execute` cannot name a call): `client`, the mount's ControlClient, is
+    pinged once if the daemon refuses for that reason (a daemon restarted
+    since this process last spoke to it). A tag still refused loses the
+    attribution, with a warning, never the write.
     """
     call = _current.get()
     if call is None:
         return
     try:
-        os.setxattr(fd, CALL_XATTR, json.dumps(call).encode())
-    except OSError as exc:
-        logger.debug("tool call tag refused: %s", exc)
+        value = _tag_value(call, client)
+    except Exception as exc:  # noqa: BLE001 - the write goes on; the attribution is lost
+        logger.warning("tool call %s:%s could not be recorded as the author of this "
+                       "write: %s", call.get("tool"), call.get("id"), exc)
+        return
+    for attempt in (0, 1):
+        try:
+            os.setxattr(fd, CALL_XATTR, value)
+            return
+        except OSError as exc:
+            if exc.errno == errno.EPERM and attempt == 0 and client is not None:
+                with contextlib.suppress(Exception):
+                    client.ping()
+                continue
+            if exc.errno == errno.EINVAL and attempt == 0 and value.startswith(b'{"key"'):
+                _recorded.clear()  # recorded in a store that is not this mount's now
+                with contextlib.suppress(Exception):
+                    value = _tag_value(call, client)
+                    continue
+            logger.warning("the daemon refused to record tool call %s:%s as the author "
+                           "of this write: %s", call.get("tool"), call.get("id"), exc)
+            return
+
+
+def _tag_value(call: dict[str, Any], client: Any) -> bytes:
+    """The `user.vfsd.call` value for `call`: its JSON, or for one too large
+    for an xattr, {"key"} of the call recorded through `client`."""
+    value = json.dumps(call).encode()
+    if len(value) <= TAG_INLINE_MAX:
+        return value
+    if client is None:
+        raise ValueError(f"its description takes {len(value)} bytes, more than a tag holds, "
+                         "and no control client was given to record it")
+    ident = (str(client.socket_path), call["tool"], call["id"], call["thread"])
+    key = _recorded.get(ident)
+    if key is None:
+        key = client.call("call_record", call=call)["key"]
+        if len(_recorded) >= 1024:
+            _recorded.clear()
+        _recorded[ident] = key
+    return json.dumps({"key": key}).encode()

@@ -175,3 +175,43 @@ def test_drop_right_behind_a_daemon_on_its_way_out(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_file_names_reach_no_terminal_as_escape_sequences(run_factory):
+    """Issue 28, item 9: `vfsd step`, `evict`, `evicted`, the `restore`
+    refusal and `fsck` printed file names raw, so a name holding ESC
+    sequences (OSC 52 writes the clipboard of many terminals, `ESC[2J`
+    clears the screen) reached the operator's terminal."""
+    import os
+
+    from conftest import vfsd_cli
+
+    r = run_factory("esc", "--done-retention-steps", "0", "--inline-max", "0")
+    evil = "\x1b]52;c;cHduZWQ=\x07\x1b[2Jx\x9b1m"
+    for name in ("x.old", "x.old2", "x.db"):
+        (r.root / (evil + name)).write_bytes(b"d" * 4096)
+    os.setxattr(r.root / (evil + "x.db"), "user.vfsd.pin", b"1")
+    os.setxattr(r.root / (evil + "x.old"), "user.vfsd.status", b"done")
+    out = [vfsd_cli("step", r.run_dir, "1")]
+    os.setxattr(r.root / (evil + "x.old2"), "user.vfsd.status", b"done")
+    out += [vfsd_cli("evict", r.run_dir), vfsd_cli("evicted", r.run_dir)]
+    assert all("x.old" in p.stdout for p in out), [p.stdout for p in out]
+    snap = vfsd_cli("snapshot", r.run_dir).stdout.split()[-1]
+    with open(r.root / (evil + "x.db"), "r+b") as held:  # open for writing: refused
+        held.write(b"changed")
+        held.flush()
+        os.fsync(held.fileno())
+        refused = vfsd_cli("restore", r.run_dir, snap, check=False)
+    assert refused.returncode != 0 and "x.db" in refused.stderr, refused.stderr
+    out.append(refused)
+    r.umount()
+    chunks = [p for p in (r.state_dir / "chunks").rglob("*") if p.is_file()]
+    for p in chunks:
+        p.unlink()  # the .db's content is gone: fsck --verify names it
+    checked = vfsd_cli("fsck", r.run_dir, "--verify", check=False)
+    assert "x.db" in checked.stdout, checked.stdout
+    out.append(checked)
+    for proc in out:
+        shown = proc.stdout + proc.stderr
+        assert not any(c in shown for c in "\x1b\x07\x9b"), repr(shown)
+        assert "\\x1b" in shown

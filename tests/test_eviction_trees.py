@@ -134,7 +134,10 @@ def test_a_git_work_tree_survives_whole_then_goes_whole(run) -> None:
     report = step_to(run, 51)
     assert sorted(r["path"] for r in report["evicted"]) == [f"proj/{p}" for p in before]
     assert {r["unit"] for r in report["evicted"]} == {"proj"}
-    assert files_under(proj) == []
+    # Its directories went with it (issue 28): `proj/.git/` left as a skeleton
+    # of empty directories misled every tool that looks for `.git`.
+    assert not proj.exists() and os.listdir(run.root) == []
+    assert git(run.root, "status").returncode != 0  # no repository anywhere
 
 
 def test_a_venv_is_a_unit_and_one_open_file_defers_all_of_it(run_factory) -> None:
@@ -159,9 +162,9 @@ def test_a_venv_is_a_unit_and_one_open_file_defers_all_of_it(run_factory) -> Non
         assert [(d["path"], d["unit"]) for d in report["deferred"]] == [
             ("venv/marker.txt", "venv")]
         assert (venv / "pyvenv.cfg").exists()
-    # Closed (and opened at step 3, so still due): the whole unit goes.
-    wait_for(lambda: [p for p in files_under(venv) if not os.path.islink(venv / p)] == [],
-             "the unit to go after the close")
+    # Closed (and opened at step 3, so still due): the whole unit goes, its
+    # directories and symlinks too.
+    wait_for(lambda: not venv.exists(), "the unit to go after the close")
     recs = call(r.run_dir, "evicted")["records"]
     assert {x["path"] for x in recs if x.get("unit") == "venv"} == {
         f"venv/{p}" for p in [*made, "late.txt"]}
@@ -250,3 +253,41 @@ def test_a_bad_rule_is_refused_naming_it(tmp_path: Path, rule: dict, named: str)
     assert not (tmp_path / "r1").exists()
     with pytest.raises(mount_tool.MountError, match="eviction rule 2"):
         mount_tool.mount(tmp_path / "r2", eviction_rules=rules)
+
+
+# ------------------------------------------------------------ deep trees
+
+
+def make_deep(root: Path, depth: int, name: str = "d") -> tuple[list[str], int]:
+    """`depth` nested directories under `root` (walked by descriptor: the path
+    is past PATH_MAX); (their names, a descriptor of the deepest)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir(name, dir_fd=fd)
+        child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    return [name] * depth, fd
+
+
+@pytest.mark.timeout(300)
+def test_a_file_deeper_than_4096_directories_is_evicted_and_counted(run_factory) -> None:
+    """Issue 28, item 6: past 4,096 directories the path lookup gave up and the
+    file was skipped silently, by age and by the quota alike."""
+    r = run_factory("deep", "--max-age-steps", "2", "--quota-bytes", str(1 << 20))
+    parts, fd = make_deep(r.root, 4200)
+    try:
+        fdf = os.open("deep.bin", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(fdf, b"x" * (600 << 10))
+        os.close(fdf)
+        # The quota takes it (the oldest file) to make room for a newer one.
+        (r.root / "new.bin").write_bytes(b"y" * (600 << 10))
+        records = json.loads(vfsd_cli("evicted", r.run_dir, "--json").stdout)
+        deep = "/".join(parts) + "/deep.bin"
+        assert [(rec["path"], rec["reason"]) for rec in records] == [(deep, "quota")]
+        # By age: a file made there goes at its step.
+        os.close(os.open("aged.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    report = step_to(r, 5)
+    assert sorted(p.rsplit("/", 1)[-1] for p in evicted(report)) == ["aged.txt", "new.bin"]

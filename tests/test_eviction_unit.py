@@ -452,7 +452,25 @@ def test_a_schema_3_store_reads_as_never_opened_and_upgrades(tmp_path: Path) -> 
     ("s/[!x]?", ["s/ab"], ["s/xb", "s/a"]),
 ])
 def test_rule_globs(glob: str, yes: list[str], no: list[str]) -> None:
-    from vfsd.evictrules import glob_regex
+    from vfsd.evictrules import compile_glob
 
-    rx = glob_regex(glob)
+    rx = compile_glob(glob)
     assert all(rx.fullmatch(p) for p in yes) and not any(rx.fullmatch(p) for p in no)
+
+
+@pytest.mark.timeout(30)
+def test_rule_globs_match_in_time_linear_in_the_name() -> None:
+    """Issue 28, item 7: `**/*_*_*_*_*.json` against three names the agent
+    chose froze the daemon 18-21 s in one step (the glob was a backtracking
+    regex). Each of these took minutes or more; now each is a few thousand
+    comparisons per name."""
+    from vfsd.evictrules import compile_glob
+
+    rx = compile_glob("**/*_*_*_*_*.json")
+    hostile = ["_" * 250 + ".jsox", "a_" * 120 + "b.jso", "/".join(["x_" * 100] * 40)]
+    assert not any(rx.fullmatch(p) for p in hostile)
+    assert rx.fullmatch("deep/" * 1000 + "a_b_c_d_e.json")
+    assert rx.fullmatch("_" * 250 + ".json")
+    rx = compile_glob("**/*a*a*a*a*a*a*a*b/**/*c*c*c*d")
+    assert not rx.fullmatch("/".join(["a" * 200] * 200) + "/" + "c" * 250)
+    assert rx.fullmatch("x/aaaaaaab/y/z/ccccd")

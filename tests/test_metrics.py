@@ -166,3 +166,57 @@ def test_latency_histograms(metered):
     assert m[("vfsd_snapshot_seconds_count", (("op", "restore"),))] == 1
     assert m[("vfsd_eviction_seconds_count", ())] >= 1  # the step advance's pass
     assert m[("vfsd_snapshots", ())] == 1
+
+
+#: as another user: opens ARGV[1] connections to the endpoint, each sending
+#: half a request, says "ready" and holds them until its stdin closes
+HALF_OPEN = r"""
+import socket, sys
+held = []
+for _ in range(int(sys.argv[1])):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+    held.append(s)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def daemon_threads(run) -> int:
+    pid = int((run.state_dir / "vfsd.pid").read_text())
+    status = open(f"/proc/{pid}/status").read()
+    return int(status.split("Threads:")[1].split()[0])
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="runs the client as another uid (nobody)")
+def test_many_half_open_connections_neither_pile_up_nor_hold_the_mount(metered):
+    """Issue 28, item 3: one thread per connection, no limit, no timeout: as
+    uid nobody, 2,000 half-open requests left 2,003 daemon threads, and
+    closing 15,000 at once held a lookup in the mount for 153 s."""
+    import subprocess
+
+    run, port = metered
+    (run.root / "before").write_text("x")
+    scrape(port)
+    threads_before = daemon_threads(run)
+    holder = subprocess.Popen(["/usr/bin/python3", "-c", HALF_OPEN, "600", str(port)],
+                              user="nobody", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        # The daemon's threads stay bounded, whatever the number of connections.
+        assert daemon_threads(run) <= threads_before + 2
+        # The mount answers lookups, creates and reads meanwhile.
+        for i in range(50):
+            (run.root / f"during{i}").write_text(str(i))
+            assert os.stat(run.root / "before").st_size == 1
+        assert (run.root / "during49").read_text() == "49"
+        # A scrape still gets its answer.
+        assert scrape(port)["vfsd_files"] == 51
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    # Closed all at once: the mount and the endpoint go on.
+    assert os.stat(run.root / "during0").st_size == 1
+    assert scrape(port)["vfsd_files"] == 51
+    assert daemon_threads(run) <= threads_before + 2

@@ -9,9 +9,12 @@ a remount and after a restore.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -128,12 +131,16 @@ def test_edit_keeps_the_maker_and_names_the_editor(run, mnt):
 
 
 def test_a_bad_tag_is_refused_and_changes_nothing(run):
+    c = mount_tool.client.ControlClient(run.state_dir / "vfsd.sock")
+    assert c.ping()  # tags count only from a process that reached the control socket
+    c.close()
     target = run.root / "t.txt"
     target.write_text("t\n")
     for value in (b"not json", b"[1]", b'{"tool": "x"}', b'{"tool": "x", "id": ""}',
                   json.dumps({"tool": "x" * 200, "id": "1"}).encode(),
                   json.dumps({"tool": "x", "id": "1", "step": -1}).encode(),
-                  json.dumps({"tool": "x\n", "id": "1"}).encode(), b"{" * 5000):
+                  json.dumps({"tool": "x", "id": "1", "thread": "t" * 70000}).encode()[:4000],
+                  json.dumps({"key": "00000000000000ab"}).encode(), b"{" * 5000):
         with pytest.raises(OSError) as err:
             os.setxattr(target, toolcalls.CALL_XATTR, value)
         assert err.value.errno == 22, value  # EINVAL
@@ -143,6 +150,85 @@ def test_a_bad_tag_is_refused_and_changes_nothing(run):
     os.setxattr(target, toolcalls.CALL_XATTR, json.dumps({"tool": "fix", "id": "9"}).encode())
     assert who(attrs(run.root, "t.txt")["changed_by"]) == "fix:9"
     assert attrs(run.root, "t.txt")["made_by"] is None
+
+
+#: writes each path given with a forged `user.vfsd.call`; says what the daemon answered
+FORGE = r"""
+import json, os, sys
+forged = [{"tool": "write_file", "id": "call_legit", "thread": "t1"},
+          {"tool": "human_review", "id": "approved-by-alice", "thread": "ops"}]
+for path, call in zip(sys.argv[1:], forged):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755)
+    try:
+        os.setxattr(fd, "user.vfsd.call", json.dumps(call).encode())
+        print("tagged", path, flush=True)
+    except OSError as exc:
+        print("refused", exc.errno, path, flush=True)
+    os.write(fd, b"forged\n")
+    os.close(fd)
+"""
+
+
+def test_a_process_that_never_reached_the_control_socket_cannot_name_a_call(run):
+    """Issue 28, item 2: any process could set `user.vfsd.call` with any tool,
+    id and thread."""
+    proc = subprocess.run([sys.executable, "-c", FORGE, str(run.root / "report.md")],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.stdout.split()[:2] == ["refused", str(errno.EPERM)], proc.stdout + proc.stderr
+    doc = attrs(run.root, "report.md")
+    assert doc["made_by"] is None and doc["changed_by"] is None
+    # The agent program, which holds a control connection, still names its calls.
+    m = mount_tool.Mount.attach(run.run_dir)
+    try:
+        with toolcalls.running("write_file", "w1", "t1"):
+            m.write("report.md", "legit\n")
+    finally:
+        m.detach()
+    assert who(attrs(run.root, "report.md")["changed_by"]) == "write_file:w1"
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_command_inside_execute_cannot_forge_provenance(run, mnt):
+    """A command overwrote /report.md as `write_file call_legit` and made
+    /dropper.sh as `human_review approved-by-alice, thread ops`: whatever a
+    command does is its execute call's."""
+    backend = VfsdBackend(mnt)
+    with toolcalls.running("write_file", "w1", "t1"):
+        assert backend.write("/report.md", "legit\n").error is None
+    (run.root / "forge.py").write_text(FORGE)
+    with toolcalls.running("execute", "x1", "t1"):
+        out = backend.execute("python3 /forge.py /report.md /dropper.sh").output
+    assert out.count(f"refused {errno.EPERM}") == 2, out
+    report, dropper = attrs(run.root, "report.md"), attrs(run.root, "dropper.sh")
+    assert who(report["made_by"]) == "write_file:w1"
+    assert who(report["changed_by"]) == "execute:x1"
+    assert who(dropper["made_by"]) == who(dropper["changed_by"]) == "execute:x1"
+    assert dropper["made_by"]["thread"] == "t1"
+
+
+@pytest.mark.parametrize("thread", ["t" * 300, "a\x01b\nc\x1b[2J", "\ud800 lone", "x" * 65536,
+                                    "\x07" * 20000],
+                         ids=["300 chars", "control chars", "lone surrogate", "64 KiB",
+                              "64 KiB escaped"])
+def test_every_thread_id_a_runs_accepts_is_recorded_as_it_is(run, thread):
+    """Issue 28, item 10: a thread id over 256 characters, or with control
+    characters, was refused by the daemon and the file recorded no author,
+    silently. Runs accepts any string up to 64 KiB (UTF-8)."""
+    from mount_tool.runs import thread_key
+
+    assert thread_key(thread) == thread
+    m = mount_tool.Mount.attach(run.run_dir)
+    try:
+        with toolcalls.running("write_file", "w1", thread):
+            m.write("a.txt", "a\n")
+        backend = VfsdBackend(m)
+        with toolcalls.running("edit_file", "e1", thread):
+            assert backend.edit("/a.txt", "a", "b").error is None
+    finally:
+        m.detach()
+    doc = attrs(run.root, "a.txt")
+    assert who(doc["made_by"]) == "write_file:w1" and doc["made_by"]["thread"] == thread
+    assert who(doc["changed_by"]) == "edit_file:e1" and doc["changed_by"]["thread"] == thread
 
 
 def test_call_registration_is_checked(run):

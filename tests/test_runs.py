@@ -319,3 +319,25 @@ def test_byte_budget_drops_the_oldest_and_says_so(tmp_path):
         with pytest.raises(SnapshotUnavailable, match="byte budget"):
             app.invoke(None, early.config)
         assert "snapshot_budget" in (few.run_dir(thread) / ".vfsd" / "vfsd.log").read_text()
+
+
+def test_a_copy_never_deletes_a_thread_it_does_not_recognise(runs):
+    """Issue 28, item 5: a copy onto a thread whose thread.json was missing
+    took the run dir for a copy that died half way and deleted it, files and
+    snapshots, without a word."""
+    source, victim = fresh("src"), fresh("victim")
+    with runs.use(source) as m:
+        m.write("a.txt", "source\n")
+    with runs.use(victim) as m:
+        m.write("precious.txt", "the victim's own\n")
+        m.snapshot()
+    assert runs.release(victim)
+    record = runs.run_dir(victim) / "thread.json"
+    saved = record.read_bytes()
+    record.unlink()
+    with pytest.raises(mount_tool.MountToolError, match="thread.json"):
+        runs.copy(source, victim)
+    record.write_bytes(saved)
+    with runs.use(victim) as m:
+        assert (m.root / "precious.txt").read_text() == "the victim's own\n"
+        assert len(m.snapshots()) == 1

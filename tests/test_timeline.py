@@ -136,3 +136,22 @@ def test_hostile_names_stay_text(run, tmp_path):
     seen.feed(dom)
     assert int(seen.rendered) >= 1
     assert evil.replace("/", "_") + ".txt" in " ".join(seen.text)  # shown as text
+
+
+def test_a_name_that_opens_an_html_comment_leaves_the_page_whole(run, tmp_path):
+    """Issue 28, item 8: a file named `<!--x` blanked the page (`<\\!--` is not
+    JSON, so the embedded data did not parse and nothing was drawn)."""
+    names = ["<!--x", "<script>y", "a&amp;b", "\u2028z"]
+    for name in names:
+        (run.root / name).write_text("x")
+    vfsd_cli("step", run.run_dir, "1")
+    page = tmp_path / "t.html"
+    vfsd_cli("timeline", run.run_dir, "--html", str(page))
+    if chromium.binary() is None:
+        pytest.skip("chromium is not installed")
+    seen = Page()
+    seen.feed(chromium.dump_dom(page))
+    assert seen.rendered is not None and int(seen.rendered) >= 1, "the page drew nothing"
+    shown = " ".join(seen.text)
+    for name in names[:3]:
+        assert name in shown, name

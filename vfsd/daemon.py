@@ -331,6 +331,11 @@ class Daemon(DaemonBase):
     def control_host(self):
         return self
 
+    @property
+    def peers(self):
+        """The processes that reached the control socket (they may name tool calls)."""
+        return self.volume.ops.provenance.peers
+
     # ------------------------------------------------------- control host
 
     def handlers_for(self, op: str, req: dict):

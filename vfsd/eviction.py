@@ -13,6 +13,7 @@ they match, the first match wins, the global policy last. A unit
 (`vfsd.evictscope`: a git work tree, a virtualenv, a directory marked so) is
 evicted whole or not at all, by quota too: it goes when every file of it is
 due, so its age is its youngest file's, and one open file defers it all.
+When it goes, its directories and other entries go too (`remove_unit_rest`).
 
 Every pass starts from range scans of the store's step indexes bounded by
 the lowest limit any rule sets, so the cost follows what is due (and what the
@@ -266,7 +267,8 @@ class Evictor:
             reason = self.policy.reason(inode, step, rule)
             if reason is None:
                 return  # its youngest file keeps it
-            verdicts[ino] = (reason, {"path": path, **_rule_fields(rule), "unit": members.path})
+            verdicts[ino] = (reason, {"path": path, **_rule_fields(rule), "unit": members.path,
+                                      "unit_ino": unit})
         held = any(ino in self.files.files for ino in verdicts)
         for ino, (reason, extra) in verdicts.items():
             decided[ino] = (reason, extra, held)
@@ -346,7 +348,8 @@ class Evictor:
             if members.kept or exclude in inos or any(i in self.files.files for i in inos):
                 return None
             return [(i, {**_rule_fields(self.policy.rules.match(p) if self.policy.rules
-                                        else None), "unit": members.path})
+                                        else None), "unit": members.path,
+                         "unit_ino": where.unit})
                     for i, p, _ in members.files]
         rule = self.policy.rules.match(path) if self.policy.rules else None
         if rule is not None and rule.pin:
@@ -359,11 +362,20 @@ class Evictor:
 
     def usage(self, counters: dict | None = None) -> int:
         """Bytes the quota counts: file content (writes still buffered
-        included) and extended attributes."""
+        included) and extended attributes, of files with a name and of those
+        whose last name went while something still holds them (until freed)."""
         counters = counters or self.store.counters()
         pending = sum(max(of.inode.size - of.committed_size, 0)
                       for of in self.files.files.values())
-        return counters["logical_bytes"] + counters["xattr_bytes"] + pending
+        return (counters["logical_bytes"] + counters["xattr_bytes"]
+                + counters["orphan_bytes"] + pending)
+
+    def unlinked_usage(self) -> int:
+        """What of `usage` is held by files with no name left (open, or held
+        by the kernel): content, buffered writes included, and xattrs."""
+        pending = sum(max(of.inode.size - of.committed_size, 0)
+                      for of in self.files.files.values() if of.inode.nlink == 0)
+        return self.store.counters()["orphan_bytes"] + pending
 
     # ------------------------------------------------------------ applying
 
@@ -415,9 +427,10 @@ class Evictor:
             [ino for ino, _, _ in victims],
             {ino: extra["path"] for ino, _, extra in victims if "path" in extra})
         records = []
+        units = {extra["unit_ino"] for _, _, extra in victims if "unit_ino" in extra}
         for ino, reason, extra in victims:
             inode, path, digest = facts[ino]
-            extra = {k: v for k, v in extra.items() if k != "path"}
+            extra = {k: v for k, v in extra.items() if k not in ("path", "unit_ino")}
             records.append({
                 "path": path, "ino": ino, "gen": inode.gen, "hash": digest.hex(),
                 "size": inode.size, "step": inode.step, "evicted_step": step,
@@ -428,7 +441,19 @@ class Evictor:
             removed = self.store.evict([(r["ino"], r) for r in records])
             self._tell_kernel(removed)
             self.evicted_total += len(records)
+            for unit in sorted(units):
+                self._remove_unit_rest(unit)
         return records
+
+    def _remove_unit_rest(self, unit: int) -> None:
+        """A unit goes whole: its directories (its own included), symlinks and
+        other entries go with its files, so no skeleton (an empty `.git/`)
+        is left to mislead tools that look for one."""
+        fuse_ino = self.ops._fuse_ino
+        gone = self.store.remove_unit_rest(unit)
+        for parent, name, ino in gone:
+            self.pending_invalidations.append((fuse_ino(parent), name, fuse_ino(ino)))
+        self.ops._maybe_free(*(ino for _, _, ino in gone))
 
     def _deferral(self, ino: int, reason: str, extra: dict) -> dict:
         """What the report says of a due file left alone because it is open."""
@@ -495,7 +520,7 @@ class Evictor:
                 await trio.to_thread.run_sync(self.invalidate_now, pending)
 
     def _tell_kernel(self, removed: list[tuple[int, list[tuple[int, bytes]]]]) -> None:
-        """Queue kernel invalidations for removed names; free what nobody uses."""
+        """Queue kernel invalidations for removed names; free what nobody has open."""
         fuse_ino = self.ops._fuse_ino
         for ino, names in removed:
             of = self.files.get(ino)
@@ -503,7 +528,14 @@ class Evictor:
                 of.inode.nlink = 0
             for parent, name in names:
                 self.pending_invalidations.append((fuse_ino(parent), name, fuse_ino(ino)))
-        self.ops._maybe_free(*(ino for ino, _ in removed))
+        # Freed now, not at the kernel's FORGET: the quota counts a nameless
+        # inode until it is freed, and the room eviction makes must be there
+        # for the write that asked for it. Nothing can open an evicted file
+        # again (a request for the stale inode gets ENOENT); open ones wait
+        # for their last close, as an unlinked file does.
+        closed = [ino for ino, _ in removed if ino not in self.files.files]
+        if closed:
+            self.store.free_inodes(closed)
 
     def take_invalidations(self) -> list[tuple[int, bytes, int]]:
         pending, self.pending_invalidations = self.pending_invalidations, []

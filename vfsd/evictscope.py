@@ -10,13 +10,20 @@ make every file of the run one unit.
 
 Facts are cached for one eviction pass (`Scope`): candidates share their
 directories, so a pass costs a lookup or two per directory, not per file.
+A tree may be any depth (past PATH_MAX, past 4,096 directories): a directory's
+facts keep its name and its parent's facts, and a path is built only when
+asked, so a deep chain costs memory per directory, not per path character.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import structlog
+
 from vfsd import errors
+
+log = structlog.get_logger("vfsd.eviction")
 
 #: the xattr that marks a directory a unit ("1") or not one ("0")
 UNIT_XATTR = b"user.vfsd.unit"
@@ -26,9 +33,20 @@ UNIT_MARKERS = (b".git", b"pyvenv.cfg")
 
 @dataclass(frozen=True, slots=True)
 class DirFacts:
-    path: str  # relative to the root, "" for the root
+    up: DirFacts | None  # the parent's facts, None for the root
+    name: str  # this directory's name in it ("" for the root)
     pinned: bool  # this directory or one above it is pinned
     unit: int | None  # the outermost unit at or above it
+
+    @property
+    def path(self) -> str:
+        """Relative to the root, "" for the root."""
+        names = []
+        facts: DirFacts | None = self
+        while facts is not None and facts.up is not None:
+            names.append(facts.name)
+            facts = facts.up
+        return "/".join(reversed(names))
 
 
 def unit_flag(store, ino: int) -> bool | None:
@@ -53,26 +71,30 @@ class Scope:
         if ino in self._dirs:
             return self._dirs[ino]
         chain: list[tuple[int, bytes]] = []  # (dir, its name), leaf first
+        on_chain: set[int] = set()
         cur = ino
         while cur != self.root and cur not in self._dirs:
             up = self.store.parent_of(cur)
-            if up is None or len(chain) > 4096:
+            if up is None or cur in on_chain:
+                if up is not None:  # a directory inside itself: a damaged store
+                    log.error("eviction_tree_cycle", ino=ino, at=cur,
+                              hint="run `vfsd fsck` on the unmounted store")
                 for d, _ in chain:
                     self._dirs[d] = None
                 self._dirs[cur] = None
                 return None
+            on_chain.add(cur)
             chain.append((cur, up[1]))
             cur = up[0]
         if cur == self.root and cur not in self._dirs:
-            self._dirs[cur] = DirFacts("", self._pinned(cur),
+            self._dirs[cur] = DirFacts(None, "", self._pinned(cur),
                                        cur if unit_flag(self.store, cur) else None)
         facts = self._dirs[cur]
         for d, name in reversed(chain):
             if facts is not None:
-                path = (facts.path + "/" if facts.path else "") + name.decode(
-                    errors="surrogateescape")
                 unit = facts.unit if facts.unit is not None else (d if self._is_unit(d) else None)
-                facts = DirFacts(path, facts.pinned or self._pinned(d), unit)
+                facts = DirFacts(facts, name.decode(errors="surrogateescape"),
+                                 facts.pinned or self._pinned(d), unit)
             self._dirs[d] = facts
         return self._dirs[ino]
 
@@ -87,7 +109,8 @@ class Scope:
         if facts is None:
             return None
         name = name.decode(errors="surrogateescape")
-        return (facts.path + "/" + name if facts.path else name), facts
+        path = facts.path
+        return (path + "/" + name if path else name), facts
 
     def _pinned(self, ino: int) -> bool:
         try:

@@ -633,6 +633,8 @@ def _check_indexes(store: Store, txn, vols: dict[str, _Volume], rep: FsckReport)
                 c["logical_bytes"] += inode.size
                 if inode.inline:
                     c["inline_bytes"] += inode.size
+            elif inode.is_reg:
+                c["orphan_bytes"] += inode.size
             if inode.is_reg and inode.nblocks != volume.block_count[inode.ino]:
                 rep.problem(f"volume {volume.name!r}: inode {inode.ino}: block count "
                             f"{inode.nblocks}, found {volume.block_count[inode.ino]}")
@@ -646,8 +648,8 @@ def _check_indexes(store: Store, txn, vols: dict[str, _Volume], rep: FsckReport)
                 ino = _VI.unpack(k[:12])[1]
                 attrs[ino].append((bytes(k[12:]), len(v)))
                 owner = volume.inodes.get(ino)
-                if owner is not None and owner.nlink > 0:  # orphans' xattrs do not count
-                    c["xattr_bytes"] += len(k) - 12 + len(v)
+                if owner is not None:  # an orphan's count as its own until it is freed
+                    c["xattr_bytes" if owner.nlink > 0 else "orphan_bytes"] += len(k) - 12 + len(v)
         for ino, pairs in attrs.items():
             for msg in invariants.xattr_problems(ino, pairs):
                 rep.problem(f"volume {volume.name!r}: {msg}")
@@ -660,7 +662,7 @@ def _check_indexes(store: Store, txn, vols: dict[str, _Volume], rep: FsckReport)
     counter_bad = []
     for volume in vols.values():
         vp = b"v" + _U32.pack(volume.vol) + b":"
-        for key in ("files", "logical_bytes", "inline_bytes", "xattr_bytes"):
+        for key in ("files", "logical_bytes", "inline_bytes", "xattr_bytes", "orphan_bytes"):
             have = _get_u64(txn, db["meta"], vp + key.encode())
             want = counters[volume.vol][key]
             if have != want:

@@ -28,6 +28,7 @@ import structlog
 import trio
 
 from vfsd.control.requests import RequestError, arg
+from vfsd.fuse.provenance import ControlPeers
 from vfsd.fuse.shardops import LOCAL_BITS, SLOT_LIMIT, Numbers, ShardOperations, VolumeKernel
 from vfsd.fuse.snapservice import drive
 from vfsd.fuse.writers import holders
@@ -67,6 +68,9 @@ class ShardDaemon(DaemonBase):
     def __init__(self, run: RunDir, config: Config, store_dir=None) -> None:
         super().__init__(run, config, Path(store_dir) if store_dir else run.state)
         self.numbers = Numbers()
+        #: the processes that reached the control socket: they may name tool
+        #: calls in any volume (`fuse.provenance`)
+        self.peers = ControlPeers()
         self.ops = ShardOperations(self, self.numbers)
         self.loaded: dict[str, Volume] = {}
         self._by_slot: dict[int, Volume] = {}
@@ -166,6 +170,7 @@ class ShardDaemon(DaemonBase):
         volume.kernel = kernel
         volume.slot = slot
         volume.ops.in_use = self.in_use
+        volume.ops.provenance.peers = self.peers
         try:
             volume.prepare(recover_now=False)
         except Exception:

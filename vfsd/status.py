@@ -77,8 +77,10 @@ def live_status(daemon) -> dict:
         "pid": os.getpid(),
         "mountpoint": str(daemon.run.mountpoint),
         "uptime_s": round(time.monotonic() - daemon.started, 1),
-        # What the quota counts: content (buffered writes included) and xattrs.
+        # What the quota counts: content (buffered writes included) and xattrs,
+        # of files unlinked while open too (until freed: `quota_unlinked_bytes`).
         "quota_used_bytes": ev.usage(),
+        "quota_unlinked_bytes": ev.unlinked_usage(),
         "quota_bytes": daemon.config.quota_bytes,
         "open_files": len(ops.files.files),
         # A first snapshot being built in steps: objects recorded so far, and
@@ -100,8 +102,12 @@ def live_status(daemon) -> dict:
         "hot_files": len(daemon.store.hot_inodes()),
         "chunk_cache_bytes": daemon.store.chunks.cache_bytes,
         "chunk_cache_limit": daemon.store.chunks.cache_limit,
+        # True while the store refuses writes for lack of disk space (`--check`).
+        "disk_full": ops.disk.full(),
         "counters": {**ops.counters.as_dict(), "evicted": ev.evicted_total,
-                     "enospc": ev.enospc_total,
+                     # Every ENOSPC refusal: the quota, max_files, the disk.
+                     "enospc": ev.enospc_total + ops.disk.refusals,
+                     "enospc_disk": ops.disk.refusals,
                      "eviction_deferred": ev.deferred_total,
                      "chunk_cache_hits": daemon.store.chunks.cache_hits,
                      "chunk_cache_misses": daemon.store.chunks.cache_misses,

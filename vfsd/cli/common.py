@@ -31,14 +31,15 @@ EXIT_DEGRADED = 5
 
 
 def fail(msg: str, code: int = EXIT_FAILED):
-    """`vfsd: msg` on stderr, then exit with `code`."""
-    click.echo(f"vfsd: {msg}", err=True)
+    """`vfsd: msg` on stderr, then exit with `code` (control characters
+    escaped: a message may name files, see `printable`)."""
+    click.echo(printable(f"vfsd: {msg}"), err=True)
     sys.exit(code)
 
 
 def warn(msg: str) -> None:
     """`vfsd: msg` on stderr; the command goes on."""
-    click.echo(f"vfsd: {msg}", err=True)
+    click.echo(printable(f"vfsd: {msg}"), err=True)
 
 
 def human(n: float) -> str:

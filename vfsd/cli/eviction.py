@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import call, cli, human, json_option
+from .common import call, cli, human, json_option, printable
 
 
 @cli.command()
@@ -28,13 +28,14 @@ def _print_report(report: dict, as_json: bool) -> None:
     click.echo(f"step {report['step']}: {verb} {report['files']} file(s), "
                f"{human(report['bytes'])}")
     for r in report["evicted"]:
-        click.echo(f"  {r['reason']:<9} {r['path']}  ({human(r['size'])}, written at step {r['step']})")
+        click.echo(f"  {r['reason']:<9} {printable(r['path'])}  ({human(r['size'])}, "
+                   f"written at step {r['step']})")
     deferred = report.get("deferred") or []
     if deferred:
         click.echo(f"deferred {len(deferred)} open file(s): they stay while open and are "
                    "looked at again when closed")
     for d in deferred:
-        click.echo(f"  {d['reason']:<9} {d['path']}  (open, {d['handles']} handle(s); "
+        click.echo(f"  {d['reason']:<9} {printable(d['path'])}  (open, {d['handles']} handle(s); "
                    f"{human(d['size'])}, written at step {d['step']})")
 
 
@@ -59,5 +60,5 @@ def evicted(run_dir: Path, limit: int, as_json: bool) -> None:
         click.echo(json.dumps(records, indent=2))
         return
     for r in records:
-        click.echo(f"step {r['evicted_step']:>5}  {r['reason']:<9} {r['path']}  "
+        click.echo(f"step {r['evicted_step']:>5}  {r['reason']:<9} {printable(r['path'])}  "
                    f"ino={r['ino']} size={r['size']} hash={r['hash']}")

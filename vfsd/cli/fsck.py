@@ -11,7 +11,7 @@ import click
 
 from vfsd.rundir import RunDir
 
-from .common import cli, fail, json_option
+from .common import cli, fail, json_option, printable
 from .gc import remote_store
 
 
@@ -121,13 +121,13 @@ def _print_fsck(report, after, as_json: bool, verified: bool = True) -> None:
         click.echo(json.dumps(doc, indent=2))
         return
     for p in report.problems:
-        click.echo(f"problem: {p}")
+        click.echo(printable(f"problem: {p}"))
     for n in report.notes:
-        click.echo(f"note: {n}")
+        click.echo(printable(f"note: {n}"))
     for r in report.repaired:
-        click.echo(f"repaired: {r}")
+        click.echo(printable(f"repaired: {r}"))
     for f in report.damaged_files:
-        click.echo(f"damaged (content lost, reads fail with EIO): {f}")
+        click.echo(printable(f"damaged (content lost, reads fail with EIO): {f}"))
     state = "clean" if report.clean else ("repaired" if after.clean else "NOT clean")
     remote_only = report.stats.get("remote_only", 0)
     counts = (f" ({report.stats['inodes']} inodes, {report.stats.get('chunk_files', 0)} "

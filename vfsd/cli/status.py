@@ -31,7 +31,7 @@ BYTE_COUNTERS = ("bytes_read", "bytes_written")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--check", is_flag=True,
               help="For monitoring: exit 0 only if the daemon runs and is healthy (writable, "
-                   "its remote tier publishing), else 1 (not running), 4 (dead) or 5 "
+                   "room on the store's disk, its remote tier publishing), else 1 (not running), 4 (dead) or 5 "
                    "(degraded), with the reason on stderr.")
 @json_option
 def status(run_dir: Path, check: bool, as_json: bool) -> None:
@@ -114,6 +114,9 @@ def _health(doc: dict) -> tuple[str | None, int]:
         return daemon["advice"], EXIT_DEAD
     if daemon["state"] != "running":
         return daemon.get("advice") or "not mounted", EXIT_FAILED
+    if doc.get("disk_full"):
+        return ("the store's disk is full: writes are refused for lack of space "
+                f"({doc.get('store')}); free some there", EXIT_DEGRADED)
     remote = doc.get("remote")
     if remote:
         if remote.get("read_only"):
@@ -196,9 +199,13 @@ def _text(doc: dict) -> str:
             sets = ", ".join(f"{k} {str(v).lower()}" for k, v in rule.items()
                              if k not in ("index", "path"))
             pairs.append((f"  rule {rule['index']}", f"{rule['path']}: {sets}"))
+    if doc.get("disk_full"):
+        pairs.append(("store disk", "FULL: writes are refused for lack of space"))
     if "quota_used_bytes" in doc:
         limit = f" of {human(doc['quota_bytes'])}" if doc.get("quota_bytes") else ""
         pairs.append(("quota used", f"{human(doc['quota_used_bytes'])}{limit}"))
+        if doc.get("quota_unlinked_bytes"):
+            pairs.append(("  unlinked, still open", human(doc["quota_unlinked_bytes"])))
     for key, value in doc.get("counters", {}).items():
         shown = human(value) if key in BYTE_COUNTERS else _count(value)
         pairs.append((key.replace("_", " "), shown))

@@ -159,7 +159,12 @@ _SCRIPT = r"""
 
 def render(doc: dict, *, title: str) -> str:
     """The whole page for a timeline document."""
-    data = json.dumps(doc).replace("</", "<\\/").replace("<!--", "<\\!--")
+    # Inside <script>, `</script` and `<!--` would change how the HTML parser
+    # reads on: JSON's own escapes keep every `<`, `>` and `&` out of the
+    # text, and the data stays valid JSON (`<\\!--` was not: a file named
+    # `<!--x` blanked the page).
+    data = (json.dumps(doc).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026"))
     steps = len(doc["steps"])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">

@@ -320,6 +320,11 @@ class VolumeHandlers:
                                         session=session)
         return {"key": f"{key:016x}"}
 
+    def op_call_record(self, req: dict) -> dict:
+        """Record `call` (one whose description is too large for a
+        `user.vfsd.call` tag: a long thread id); a tag then names it by key."""
+        return {"key": f"{self.ops.provenance.intern(arg(req, 'call', dict)):016x}"}
+
     def op_call_end(self, req: dict) -> dict:
         text = arg(req, "key", str)
         try:

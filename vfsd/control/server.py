@@ -91,11 +91,12 @@ class ControlServer:
                     continue
                 nursery.start_soon(self._handle_conn, stream)
 
-    def _peer_uid(self, stream: trio.SocketStream) -> int:
+    def _peer(self, stream: trio.SocketStream) -> tuple[int, int]:
+        """(pid, uid) of the connecting process (SO_PEERCRED)."""
         raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                        struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", raw)
-        return uid
+        pid, uid, _gid = struct.unpack("3i", raw)
+        return pid, uid
 
     async def _handle_conn(self, stream: trio.SocketStream) -> None:
         """One connection, start to end. Nothing it raises reaches the nursery."""
@@ -108,11 +109,13 @@ class ControlServer:
             log.exception("control_connection_failed")
 
     async def _serve_conn(self, stream: trio.SocketStream) -> None:
-        uid = self._peer_uid(stream)
+        pid, uid = self._peer(stream)
         if uid not in (os.getuid(), 0):
             await self._send_bounded(stream, encode_reply(
                 None, error=("forbidden", "peer uid not allowed")))
             return
+        # A process that reaches the socket may name tool calls (`provenance`).
+        self.host.peers.add(pid)
         slot = self.slots.admit(uid)
         if slot is None:
             await self._send_bounded(stream, encode_reply(None, error=(

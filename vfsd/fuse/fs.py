@@ -15,7 +15,6 @@ import json
 import math
 import os
 import stat
-import time
 from collections.abc import Callable
 
 import pyfuse3
@@ -30,6 +29,7 @@ from vfsd.store.invariants import MAX_FILE_SIZE  # 16 TiB: past it, EFBIG
 from vfsd.store.store import Store, now_ns
 
 from . import ctldir, evictedview, snapview
+from .diskspace import DISK_RESERVE, DiskSpace
 from .journal import StepJournal
 from .kernel import Kernel
 from .openfiles import OpenFiles, hash_hot_blocks
@@ -140,6 +140,7 @@ def _failed(self, op: str, exc: Exception, attempt: int) -> None:
         log.warning("store_disk_full_reserve_released", op=op)
         return
     log.warning("store_disk_full", op=op, error=str(exc))
+    self.disk.refused()
     raise pyfuse3.FUSEError(errno.ENOSPC) from None
 
 
@@ -174,7 +175,7 @@ class VfsdOperations(pyfuse3.Operations):
     enable_writeback_cache = True
     supports_dot_lookup = False
     #: room kept free on the store's disk for LMDB pages and chunk metadata
-    DISK_RESERVE = 4 << 20
+    DISK_RESERVE = DISK_RESERVE
     #: attribute cache time for files open at the moment of the reply (seconds)
     OPEN_ATTR_TIMEOUT = 1.0
     _failed = _failed
@@ -226,8 +227,8 @@ class VfsdOperations(pyfuse3.Operations):
         self.on_open = None
         # Inode -> the last step it was written or opened, opens not yet stored included.
         self.used_step = None
-        self._disk_free = 0
-        self._disk_checked = 0.0
+        # Room on the store's disk: writes refused up front, refusals counted.
+        self.disk = DiskSpace(store.dir)
         self._loading: dict[bytes, trio.Event] = {}  # chunk loads in flight
         # `.vfsd/` answers lookups by name but is left out of readdir of the
         # root, so `ls`, `find` and `grep -r` over the mount never trip on it.
@@ -851,7 +852,7 @@ class VfsdOperations(pyfuse3.Operations):
             if self.quota is not None and end > of.inode.size:
                 self.quota(end - of.inode.size, of.inode.ino)
                 await self._drop_evicted_names()
-            self._check_disk_space(len(buf))
+            await self._check_disk_space(len(buf))
         except (errors.NoSpace, pyfuse3.FUSEError):
             # The kernel already took these bytes into its page cache and grew
             # its own idea of the size (writeback cache), which it never takes
@@ -873,23 +874,20 @@ class VfsdOperations(pyfuse3.Operations):
         self.counters.bytes_written += n
         return n
 
-    def _check_disk_space(self, incoming: int) -> None:
-        """ENOSPC now, while the writer can still see it, if buffers could not commit.
-
-        Small files commit at release, after close() has returned; refusing the
-        write while there is no room for it is the only way to report it.
-        """
-        now = time.monotonic()
-        need = self.files.dirty_bytes + incoming + self.DISK_RESERVE
-        # A cached answer is good for 0.1 s only while there is plenty of room.
-        if now - self._disk_checked > 0.1 or self._disk_free < need + (64 << 20):
-            st = os.statvfs(self.store.dir)
-            self._disk_free = st.f_bavail * st.f_frsize
-            self._disk_checked = now
-        if need > self._disk_free:
-            self._disk_checked = 0.0  # look again next time: space may come back
-            log.warning("store_disk_full", free=self._disk_free, needed=need)
-            raise pyfuse3.FUSEError(errno.ENOSPC)
+    async def _check_disk_space(self, incoming: int) -> None:
+        """ENOSPC now, while the writer can still see it, if buffers could not
+        commit (see `diskspace`). Files freed but waiting for a sync to be
+        deleted are room too: the sync runs now, in a worker thread."""
+        if self.disk.fits(self.files.dirty_bytes + incoming):
+            return
+        if self.store.durability.awaiting_deletion():
+            self.store.flush_group()
+            await trio.to_thread.run_sync(self.store.sync)
+            self.store.delete_synced(self.files.files.__contains__)
+            if self.disk.fits(self.files.dirty_bytes + incoming):
+                return
+        self.disk.refuse(self.files.dirty_bytes + incoming)
+        raise pyfuse3.FUSEError(errno.ENOSPC)
 
     @_guard
     async def flush(self, fh):
@@ -1144,7 +1142,7 @@ class VfsdOperations(pyfuse3.Operations):
             return
         self._check_writable()
         if name.startswith(XATTR_PREFIX):
-            self._set_vfsd_xattr(ino, name, value)
+            self._set_vfsd_xattr(ino, name, value, _pid(ctx))
             return
         if len(name) > 255:
             raise pyfuse3.FUSEError(errno.ERANGE)
@@ -1157,9 +1155,9 @@ class VfsdOperations(pyfuse3.Operations):
             await self._drop_evicted_names()
         self.store.set_xattr(ino, name, value)
 
-    def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+    def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes, pid: int = 0) -> None:
         if name == XATTR_CALL:
-            self._tag(ino, value)
+            self._tag(ino, value, pid)
             return
         if name in XATTR_RO:
             raise pyfuse3.FUSEError(errno.EPERM)
@@ -1199,15 +1197,20 @@ class VfsdOperations(pyfuse3.Operations):
         if call != NO_CALL or of.writer is None:
             of.writer = call
 
-    def _tag(self, ino: int, value: bytes) -> None:
+    def _tag(self, ino: int, value: bytes, pid: int) -> None:
         """`user.vfsd.call`: the tool call that is about to write this file
         (see `provenance`). On an open file it is the author of what the file
         commits next (and its maker, if the open made it), stored with that
-        commit; on a closed one it becomes the last changer at once."""
+        commit; on a closed one it becomes the last changer at once. Only a
+        process that reached the control socket may set it (EPERM)."""
+        refused = self.provenance.may_tag(pid)
+        if refused is not None:
+            log.info("call_tag_refused", ino=ino, pid=pid, why=refused)
+            raise pyfuse3.FUSEError(errno.EPERM)
         if not self._attrs(ino).is_reg or len(value) > 4096:
             raise pyfuse3.FUSEError(errno.EINVAL)
         try:
-            key = self.provenance.intern(json.loads(value))
+            key = self.provenance.intern_tag(json.loads(value))
         except (ValueError, errors.InvalidArgument) as exc:
             log.info("bad_call_tag", ino=ino, error=str(exc)[:200])
             raise pyfuse3.FUSEError(errno.EINVAL) from None

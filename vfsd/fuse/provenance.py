@@ -21,6 +21,16 @@ Two ways in, both without help from the model:
 The cache is dropped whenever a call begins or ends, so a process id
 reused by a new process, or a process that has just joined a call's
 cgroup, is looked at again.
+
+Who may name a call (`may_tag`): the tag is honoured only from a process
+that has reached the daemon's control socket (its `SO_PEERCRED` pid,
+recorded with the process's start time so a reused pid is not mistaken
+for it: `ControlPeers`), and never from a process that belongs to a
+registered call. The control socket lives outside the mount and is not in
+the sandbox, so a command inside `execute` cannot name a call: whatever it
+does is its `execute` call's. The check costs no control round trip: one
+`stat` of `/proc/PID/task/TID` per peer and one read of the peer's start
+time, per tag.
 """
 
 from __future__ import annotations
@@ -38,13 +48,69 @@ MAX_PIDS = 4096
 MAX_KNOWN = 4096
 #: calls registered at once by `call_begin`
 MAX_ACTIVE = 256
+#: processes remembered as having reached the control socket
+MAX_PEERS = 256
+
+
+def _start_time(pid: int) -> bytes | None:
+    """When process `pid` started (clock ticks since boot, field 22 of its
+    stat), or None if it is gone: with the pid, it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ControlPeers:
+    """Processes that reached the control socket: the only ones whose
+    `user.vfsd.call` tags name a tool call.
+
+    A process counts from its first connection for as long as it lives (its
+    connection may be closed for idleness and reopened later); FUSE names the
+    requesting thread, so a request is a peer's when its thread id is one of
+    the peer's tasks.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[int, bytes] = {}  # pid -> start time
+        self._last = 0  # the peer the last tag came from: looked at first
+
+    def add(self, pid: int) -> None:
+        """A connection from `pid` (SO_PEERCRED) was accepted."""
+        start = _start_time(pid) if pid > 0 else None
+        if start is None or self._procs.get(pid) == start:
+            return
+        if len(self._procs) >= 16:  # the dead ones go (CLI runs come and go)
+            for gone in [p for p, s in self._procs.items() if _start_time(p) != s]:
+                del self._procs[gone]
+            while len(self._procs) >= MAX_PEERS:
+                del self._procs[next(iter(self._procs))]
+        self._procs[pid] = start
+
+    def holds(self, tid: int) -> bool:
+        """True if thread `tid` belongs to a process that reached the socket."""
+        if tid <= 0:
+            return False
+        last = self._last
+        peers = ([last] if last in self._procs else []) + [p for p in self._procs if p != last]
+        for pid in peers:
+            if os.path.exists(f"/proc/{pid}/task/{tid}"):
+                if _start_time(pid) == self._procs[pid]:
+                    self._last = pid
+                    return True
+                del self._procs[pid]  # the pid was reused: not our peer
+        return False
 
 
 class Provenance:
     """Call keys for requests, and what a call key stands for."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, peers: ControlPeers | None = None) -> None:
         self.store = store
+        # Who may name a call with a tag (the daemon shares one among its volumes).
+        self.peers = peers if peers is not None else ControlPeers()
         self.known: dict[int, dict | None] = {}  # key -> description (None: not recorded)
         self.groups: dict[str, int] = {}      # cgroup directory name -> key
         self.namespaces: dict[str, int] = {}  # "pid:[inode]" -> key
@@ -67,6 +133,24 @@ class Provenance:
                 self.known.clear()
             self.known[key] = checked
         return key
+
+    def intern_tag(self, desc: object) -> int:
+        """The key a `user.vfsd.call` tag names: a call description, or
+        {"key": HEX} for a call recorded already (`call_record`: one too
+        large for an xattr). InvalidArgument if bad or not recorded."""
+        if isinstance(desc, dict) and set(desc) == {"key"}:
+            text = desc["key"]
+            if not isinstance(text, str) or len(text) != 16:
+                raise errors.InvalidArgument("'key' is the hex key call_record answered")
+            try:
+                key = int(text, 16)
+            except ValueError:
+                raise errors.InvalidArgument("'key' is the hex key call_record answered") \
+                    from None
+            if self.known.get(key) is None and self.store.get_call(key) is None:
+                raise errors.InvalidArgument(f"no call {text} is recorded")
+            return key
+        return self.intern(desc)
 
     def begin(self, desc: object, *, cgroup: str | None = None, pidns: str | None = None,
               session: int | None = None) -> int:
@@ -115,6 +199,17 @@ class Provenance:
         if "tool" in d:
             return f"{d['tool']}:{d['id']}"
         return "unknown" if d.get("unknown") else f"call-{d['key']}"
+
+    def may_tag(self, pid: int) -> str | None:
+        """Why the thread `pid` may not name a tool call with `user.vfsd.call`
+        (None: it may). Only the file tools, in a process that reached the
+        control socket, name calls; a process inside a registered call (an
+        `execute` command) is that call's whatever it says."""
+        if self.of_pid(pid) != NO_CALL:
+            return "the process runs inside a tool call, which its changes are attributed to"
+        if not self.peers.holds(pid):
+            return "only a process that holds a control connection may name a tool call"
+        return None
 
     # -------------------------------------------------------- processes
 

@@ -1136,8 +1136,10 @@ class Snapshots:
         else:
             txn.delete(key, db=self.db["link"])
         dropped = st._drop_xattrs(txn, ino)
-        if old is not None and old.nlink > 0:  # an orphan's xattrs did not count
+        if old is not None and old.nlink > 0:
             st._bump(txn, b"xattr_bytes", -dropped)
+        elif old is not None:  # an orphan brought back: it stops counting as one
+            st._bump(txn, b"orphan_bytes", -(dropped + (old.size if old.is_reg else 0)))
         for name, value in e.xattrs:
             txn.put(key + name, value, db=self.db["xattr"])
             if new.nlink > 0:

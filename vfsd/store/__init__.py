@@ -18,7 +18,10 @@ first writer, see `Store._upgrade`). Integers are big-endian, so range scans run
             `next_ino`, `next_cookie`, `step` (u64 current agent step),
             `files`, `logical_bytes`, `inline_bytes` (u64 counters over live
             regular files), `xattr_bytes` (over every inode with a name: an
-            orphan's xattrs stop counting when its last name goes), `evict_seq`,
+            orphan's xattrs stop counting when its last name goes),
+            `orphan_bytes` (content of regular files and xattrs of every
+            inode with no name left, until it is freed: the quota counts
+            them, so a file unlinked while open still takes room), `evict_seq`,
             `evicted_n`, `removed_n`, `steplog_n` (log bookkeeping), `incomplete` (present
             while a fork is being copied in), and the keys of `snapshots`.
 `volume`    volume name (utf-8) -> vol u32 + root ino u64 (always 1).

@@ -21,8 +21,12 @@ from vfsd import errors
 from .inode import NO_CALL, UNKNOWN_CALL
 
 _U64 = struct.Struct(">Q")
-#: the string fields of a call and their longest accepted length
-CALL_FIELDS = {"tool": 128, "id": 256, "thread": 256}
+#: the string fields of a call and their longest accepted length in UTF-8
+#: bytes: a thread id is whatever LangGraph was given, and mount_tool's Runs
+#: takes any string up to 64 KiB (control characters and lone surrogates
+#: too), so the daemon records all of those, as they are; whatever shows them
+#: to a person escapes control characters
+CALL_FIELDS = {"tool": 128, "id": 1024, "thread": 64 * 1024}
 
 
 def check_call(desc: object) -> dict:
@@ -40,10 +44,9 @@ def check_call(desc: object) -> dict:
             raise errors.InvalidArgument(f"a tool call's {name!r} must be a non-empty string"
                                          if name != "thread" else
                                          "a tool call's 'thread' must be a string")
-        if len(value) > limit or any(ord(c) < 32 for c in value):
+        if len(value) > limit // 4 and len(value.encode("utf-8", "surrogatepass")) > limit:
             raise errors.InvalidArgument(
-                f"a tool call's {name!r} must be at most {limit} characters, none of them "
-                "control characters")
+                f"a tool call's {name!r} must be at most {limit} bytes (UTF-8)")
         out[name] = value
     step = desc.get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)

@@ -101,6 +101,13 @@ class Ledger:
             b = self._open
             return bool(b.commits or b.chunks or b.hot or b.doomed or b.doomed_hot)
 
+    def awaiting_deletion(self) -> bool:
+        """Files freed but not deleted yet (they wait for a sync): room on the
+        disk that a sync now would give back."""
+        with self._lock:
+            return bool(self._open.doomed or self._open.doomed_hot
+                        or self._ready.doomed or self._ready.doomed_hot)
+
     def take(self) -> Batch:
         """Everything recorded so far, for a sync to cover."""
         with self._lock:

@@ -374,11 +374,15 @@ class NamespaceMixin:
             return self._path_in(txn, ino)
 
     def _path_in(self, txn, ino: int) -> str | None:
+        # Any depth (a tree may be deeper than PATH_MAX or 4,096 directories);
+        # only a directory met twice, a damaged store, has no path.
         parts: list[bytes] = []
+        seen: set[int] = set()
         while ino != self.root_ino:
             up = self._parent_of(txn, ino)
-            if up is None or len(parts) > 4096:
+            if up is None or ino in seen:
                 return None
+            seen.add(ino)
             parts.append(up[1])
             ino = up[0]
         return "/".join(p.decode(errors="surrogateescape") for p in reversed(parts))
@@ -425,6 +429,45 @@ class NamespaceMixin:
                 path = paths.get(ino)
                 out[ino] = (inode, path if path is not None else self._path_in(txn, ino) or "",
                             digest)
+        return out
+
+    def remove_unit_rest(self, unit: int) -> list[tuple[int, bytes, int]]:
+        """What is left of a unit once eviction took its files: its directories
+        (the unit's own too, unless it is the root), symlinks and other
+        entries that are not regular files, deepest first, in one
+        transaction. A regular file still named keeps itself and the
+        directories above it. Returns [(parent, name, ino)] removed, so the
+        caller can tell the kernel and free them."""
+        t = now_ns()
+        out: list[tuple[int, bytes, int]] = []
+        with self.txn(write=True) as txn:
+            up = self._parent_of(txn, unit) if unit != self.root_ino else None
+            order: list[tuple[int, bytes, Inode]] = []  # parents' entries before children's
+            if up is not None:
+                order.append((up[0], up[1], self._get_inode(txn, unit)))
+            todo = [unit]
+            cur = txn.cursor(db=self.db["dentry"])
+            while todo:
+                d = todo.pop()
+                prefix = self._key(d)
+                if not cur.set_range(prefix):
+                    continue
+                for key, val in cur:
+                    if key[:12] != prefix:
+                        break
+                    child = self._get_inode(txn, _U64X2.unpack(val)[0])
+                    order.append((d, bytes(key[12:]), child))
+                    if child.is_dir:
+                        todo.append(child.ino)
+            kept: set[int] = set()  # directories that keep something
+            for parent, name, child in reversed(order):  # children before their directory
+                if (child.is_reg and child.nlink > 0) or child.ino in kept:
+                    kept.add(parent)
+                    continue
+                p = self._get_inode(txn, parent)
+                self._drop_name(txn, p, name, t, expect_dir=child.is_dir)
+                self._touch_dir(txn, p, t, -1 if child.is_dir else 0)
+                out.append((parent, name, child.ino))
         return out
 
     def evict(self, victims: list[tuple[int, dict]]) -> list[tuple[int, list[tuple[int, bytes]]]]:

@@ -888,7 +888,8 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         m = self.db["meta"]
         with self.txn() as txn:
             out = {k: _get_u64(txn, m, self._vp + k.encode())
-                   for k in ("files", "logical_bytes", "inline_bytes", "xattr_bytes", "step")}
+                   for k in ("files", "logical_bytes", "inline_bytes", "xattr_bytes",
+                             "orphan_bytes", "step")}
             for k in ("chunk_count", "chunk_bytes", "blob_count", "blob_bytes"):
                 out[k] = _get_u64(txn, m, k.encode())
             out["inodes_allocated"] = _get_u64(txn, m, self._vp + b"next_ino", 2) - 1
@@ -1054,11 +1055,18 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         old_inl = old.size if old_live and old.inline else 0
         new_inl = new.size if new_live and new.inline else 0
         self._bump(txn, b"inline_bytes", new_inl - old_inl)
-        # xattrs count while their inode has a name (any type): the quota sees
-        # them go with the last name, as it sees content go.
+        # An inode whose last name went stays until nothing holds it (an open
+        # descriptor, the kernel): its content counts in `orphan_bytes`, which
+        # the quota counts too, until `_free_inode`.
+        old_gone = old.size if old is not None and old.is_reg and old.nlink == 0 else 0
+        new_gone = new.size if new is not None and new.is_reg and new.nlink == 0 else 0
+        self._bump(txn, b"orphan_bytes", new_gone - old_gone)
+        # xattrs count while their inode has a name (any type), then as the
+        # orphan's until it is freed.
         if old is not None and new is not None and (old.nlink > 0) != (new.nlink > 0):
             held = self._xattr_totals(txn, new.ino)[0]
             self._bump(txn, b"xattr_bytes", held if new.nlink > 0 else -held)
+            self._bump(txn, b"orphan_bytes", -held if new.nlink > 0 else held)
 
     def scan_index(self, index: str, before_step: int | None = None,
                    since_step: int = 0, limit: int | None = None,
@@ -1317,14 +1325,16 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         key = self._key(ino)
         raw = txn.get(key, db=self.db["inode"])
         txn.delete(key, db=self.db["orphan"])
-        if raw is None or Inode.unpack(ino, raw).nlink > 0:
+        inode = Inode.unpack(ino, raw) if raw is not None else None
+        if inode is None or inode.nlink > 0:
             return []
         freed, _ = self._drop_blocks(txn, ino, 0)
         if txn.get(key, db=self.db["hotino"]) is not None:
             txn.delete(key, db=self.db["hotino"])
             self._hot_gone.append(ino)
         txn.delete(key, db=self.db["link"])
-        self._drop_xattrs(txn, ino)  # stopped counting with the last name
+        held = self._drop_xattrs(txn, ino)  # counted as the orphan's since the last name went
+        self._bump(txn, b"orphan_bytes", -(held + (inode.size if inode.is_reg else 0)))
         # Not marked for snapshots: it left the tree when its last name went.
         txn.delete(key, db=self.db["inode"])
         return freed

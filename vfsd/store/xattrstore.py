@@ -4,7 +4,8 @@ A mixin of `store.Store` (table `xattr`, whose layout `store` documents).
 Names and values of one inode together are limited to XATTR_FILE_MAX bytes,
 and the list of its names to XATTR_LIST_MAX, so `listxattr` always fits
 the kernel's 64 KiB; the bytes of inodes that have a name count in the
-volume's `xattr_bytes`, which the quota includes.
+volume's `xattr_bytes`, those of orphans in its `orphan_bytes`; the quota
+includes both.
 """
 
 from __future__ import annotations
@@ -67,8 +68,7 @@ class XattrMixin:
             if old is None and listed + len(name) + 1 > XATTR_LIST_MAX:
                 raise errors.AttrTooBig("too many extended attribute names on one file")
             txn.put(key, value, db=self.db["xattr"])
-            if inode.nlink > 0:
-                self._bump(txn, b"xattr_bytes", growth)
+            self._bump(txn, b"xattr_bytes" if inode.nlink > 0 else b"orphan_bytes", growth)
             self._put_inode(txn, inode)  # ctime is the kernel's; the record is touched
         return growth
 
@@ -80,8 +80,8 @@ class XattrMixin:
                 return False
             txn.delete(key, db=self.db["xattr"])
             inode = self._get_inode(txn, ino)
-            if inode.nlink > 0:
-                self._bump(txn, b"xattr_bytes", -(len(name) + len(old)))
+            self._bump(txn, b"xattr_bytes" if inode.nlink > 0 else b"orphan_bytes",
+                       -(len(name) + len(old)))
             self._put_inode(txn, inode)
         return True
 
