@@ -263,3 +263,41 @@ def test_a_volume_dropped_in_steps_goes_whole_even_across_a_crash(tmp_path, cut)
         assert keep.counters()["files"] == 32
     finally:
         base.close()
+
+
+def test_an_eviction_pass_over_thousands_of_files_does_not_hold_the_others(shard):
+    import threading
+
+    call(shard, "volume_create", volume="big")
+    call(shard, "volume_create", volume="small")
+    fs = shard / "fs"
+    n = 6000
+    subprocess.run(["python3", "-c", (
+        "import os,sys\n"
+        "d=sys.argv[1]\n"
+        "for i in range(int(sys.argv[2])):\n"
+        "    os.makedirs(f'{d}/{i // 500}', exist_ok=True)\n"
+        "    open(f'{d}/{i // 500}/f{i}', 'w').write(str(i))\n"), str(fs / "big"), str(n)],
+        check=True)
+    done = threading.Event()
+    result = {}
+
+    def advance():
+        with connect(shard, timeout=300) as c:
+            result["res"] = c.call("set_step", volume="big", step=1000)  # past max_age_steps
+        done.set()
+
+    worker = threading.Thread(target=advance)
+    worker.start()
+    made_during = i = 0
+    while not done.is_set():
+        (fs / "small" / f"f{i}").write_text("x")
+        i += 1
+        if not done.is_set():
+            made_during += 1
+    worker.join()
+    res = result["res"]
+    assert res["files"] == n and res["steps"] >= 10, {k: res[k] for k in ("files", "steps")}
+    assert made_during >= 10, f"only {made_during} creates while the pass ran"
+    assert list((fs / "big").rglob("f*")) == []
+    assert len(list((fs / "small").iterdir())) == i

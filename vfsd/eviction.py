@@ -386,6 +386,25 @@ class Evictor:
         Open files (and the units they are in) are left alone; the open ones
         are listed under `deferred`.
         """
+        steps = self.run_in_steps(step, dry_run=dry_run, extra_bytes=extra_bytes,
+                                  extra_files=extra_files, exclude=exclude, budget=None)
+        try:
+            while True:
+                next(steps)
+        except StopIteration as done:
+            return done.value
+
+    #: seconds of removals per transaction of a pass made in steps
+    STEP_BUDGET_S = 0.02
+
+    def run_in_steps(self, step: int | None = None, *, dry_run: bool = False,
+                     extra_bytes: int = 0, extra_files: int = 0, exclude: int | None = None,
+                     budget: float | None = STEP_BUDGET_S):
+        """`run`, the removals cut into transactions of about `budget` seconds
+        each (None: one): a generator that yields between them and returns the
+        report. The caller holds the volume, so what was judged stays true. A
+        daemon that stops half way leaves files that are still due: its next
+        start evicts them (`Volume.prepare`), units whole."""
         t0 = time.perf_counter()
         current = self.store.get_step()
         step = current if step is None else step
@@ -393,7 +412,20 @@ class Evictor:
         due = [(ino, r, e) for ino, (r, e, held) in decided.items() if not held]
         open_files = self.files.files
         held = [(ino, r, e) for ino, (r, e, h) in decided.items() if h and ino in open_files]
-        records = self._apply(due, step, dry_run)
+        if budget is None or dry_run:
+            records = self._apply(due, step, dry_run)
+        else:
+            records = []
+            size, i = 64, 0
+            while i < len(due):
+                started = time.perf_counter()
+                part = due[i:i + size]
+                records += self._apply(part, step, dry_run, units_last=True)
+                i += len(part)
+                took = time.perf_counter() - started
+                size = max(8, min(4096, int(size * budget / max(took, 1e-4))))
+                yield i, len(due)
+            self._remove_units(due)
         deferred = [self._deferral(ino, reason, extra) for ino, reason, extra in held]
         if not dry_run:
             for ino, reason, _ in held:
@@ -420,8 +452,10 @@ class Evictor:
         return report
 
     def _apply(self, victims: list[tuple[int, str, dict]], step: int,
-               dry_run: bool) -> list[dict]:
-        """Eviction records for closed files `victims`; removed unless `dry_run`."""
+               dry_run: bool, *, units_last: bool = False) -> list[dict]:
+        """Eviction records for closed files `victims`; removed unless `dry_run`
+        (the rest of their units too, unless `units_last`: the caller does it
+        once every batch is done, `_remove_units`)."""
         # The judge found each path already (`extra["path"]`), a quota victim's not.
         facts = self.store.eviction_facts(
             [ino for ino, _, _ in victims],
@@ -441,9 +475,15 @@ class Evictor:
             removed = self.store.evict([(r["ino"], r) for r in records])
             self._tell_kernel(removed)
             self.evicted_total += len(records)
-            for unit in sorted(units):
-                self._remove_unit_rest(unit)
+            if not units_last:
+                for unit in sorted(units):
+                    self._remove_unit_rest(unit)
         return records
+
+    def _remove_units(self, victims: list[tuple[int, str, dict]]) -> None:
+        for unit in sorted({extra["unit_ino"] for _, _, extra in victims
+                            if "unit_ino" in extra}):
+            self._remove_unit_rest(unit)
 
     def _remove_unit_rest(self, unit: int) -> None:
         """A unit goes whole: its directories (its own included), symlinks and
@@ -551,12 +591,22 @@ class Evictor:
                 pass  # not in the kernel's cache: nothing to drop
 
     def set_step(self, step: int) -> dict:
+        steps = self.set_step_in_steps(step, budget=None)
+        try:
+            while True:
+                next(steps)
+        except StopIteration as done:
+            return done.value
+
+    def set_step_in_steps(self, step: int, *, budget: float | None = STEP_BUDGET_S):
+        """Advance to `step` and evict what is due, the removals in steps (a
+        generator returning the report, see `run_in_steps`)."""
         current = self.store.get_step()
         if step < current:
             raise errors.InvalidArgument(f"step {step} is before the current step {current}")
         self.ops.journal.advance(step)  # the record of the step that ends (timeline)
         self.store.set_step(step)
-        report = self.run(step)
+        report = yield from self.run_in_steps(step, budget=budget)
         if self.after_step is not None:
             report["snapshots_deleted"] = self.after_step()
         return report

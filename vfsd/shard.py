@@ -30,9 +30,9 @@ import trio
 from vfsd.control.requests import RequestError, arg
 from vfsd.fuse.provenance import ControlPeers
 from vfsd.fuse.shardops import LOCAL_BITS, SLOT_LIMIT, Numbers, ShardOperations, VolumeKernel
-from vfsd.fuse.snapservice import drive
 from vfsd.fuse.writers import holders
 from vfsd.snapshots.snapshots import drop_volume_in_steps, finish_drops_in_steps
+from vfsd.steps import drive
 from vfsd.store.store import Store
 
 from .config import Config

@@ -138,7 +138,7 @@ class Volume:
     async def recover(self) -> None:
         """Finish a change in steps a crash cut short, yielding between its
         transactions; the volume is held (by `prepare`) until then."""
-        from vfsd.fuse.snapservice import drive
+        from vfsd.steps import drive
 
         found = self.snapshots.interrupted()
         try:

@@ -23,6 +23,7 @@ from vfsd.snapshots.snapshots import (
     SnapshotNotFound,
     parse_id,
 )
+from vfsd.steps import drive
 from vfsd.store.inode import STATUS_BY_NAME, STATUS_NAMES, Inode
 
 from .requests import MAX_INT, RequestError, arg, path_arg
@@ -338,17 +339,23 @@ class VolumeHandlers:
     def op_get_step(self, req: dict) -> dict:
         return {"step": self.store.get_step()}
 
-    def op_set_step(self, req: dict) -> dict:
+    async def op_set_step(self, req: dict) -> dict:
         step = arg(req, "step", int)
         if step < 0:
             raise RequestError("bad_request", "'step' must be >= 0")
         current = self.store.get_step()
         if step < current:
             raise RequestError("bad_request", f"step {step} is before the current step {current}")
-        return self.evictor.set_step(step)
+        # Removals in short transactions, the volume held meanwhile: a pass that
+        # evicts thousands of files holds no other volume of a shard.
+        async with self.volume.hold():
+            return await drive(self.evictor.set_step_in_steps(step))
 
-    def op_evict(self, req: dict) -> dict:
-        return self.evictor.run(dry_run=arg(req, "dry_run", bool, False))
+    async def op_evict(self, req: dict) -> dict:
+        if arg(req, "dry_run", bool, False):
+            return self.evictor.run(dry_run=True)
+        async with self.volume.hold():
+            return await drive(self.evictor.run_in_steps())
 
     async def op_ref(self, req: dict) -> dict:
         ino = self._inode_for(req).ino

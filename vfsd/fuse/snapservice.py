@@ -32,27 +32,11 @@ from vfsd.snapshots.snapshots import (
     parse_id,
     snapshot_id,
 )
+from vfsd.steps import drive
 
 from .writers import writers
 
 log = structlog.get_logger("vfsd.snapshots")
-
-
-async def drive(steps):
-    """Run a change made in steps (a generator of short transactions, see
-    `Snapshots.create_in_steps`) on the loop, yielding between transactions
-    so other requests are answered; its result, with how many steps it took."""
-    n = 0
-    try:
-        while True:
-            next(steps)
-            n += 1
-            await trio.sleep(0)
-    except StopIteration as done:
-        result = done.value
-    if isinstance(result, dict):
-        result["steps"] = n
-    return result
 
 
 class SnapshotService:
