@@ -23,7 +23,7 @@ PKG = Path(__file__).resolve().parent.parent / "vfsd"
 # modules of one rank form one group.
 LAYERS: dict[str, int] = {
     "vfsd": 0, "vfsd.errors": 0, "vfsd.logs": 0, "vfsd.notify": 0, "vfsd.rundir": 0,
-    "vfsd.latency": 0, "vfsd.steps": 0,
+    "vfsd.latency": 0, "vfsd.steps": 0, "vfsd.stalls": 0,
     "vfsd.store": 1,
     "vfsd.snapshots": 2,
     "vfsd.remote": 3, "vfsd.fuse": 3,

@@ -151,6 +151,9 @@ class DaemonBase:
     async def main(self, ready) -> None:
         from vfsd.control.server import ControlServer
 
+        from .stalls import watch_from_env
+
+        watch_from_env()
         control = ControlServer(self.control_host, self.run.sock, self.config)
         async with trio.open_nursery() as nursery:
             await nursery.start(control.serve)

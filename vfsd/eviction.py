@@ -203,6 +203,16 @@ class Evictor:
     def _judge(self, step: int, extra_bytes: int, extra_files: int,
                exclude: int | None) -> dict[int, tuple[str, dict, bool]]:
         """ino -> (reason, extra record fields, held: it or a file of its unit is open)."""
+        steps = self._judge_in_steps(step, extra_bytes, extra_files, exclude, None)
+        try:
+            while True:
+                next(steps)
+        except StopIteration as done:
+            return done.value
+
+    def _judge_in_steps(self, step: int, extra_bytes: int, extra_files: int,
+                        exclude: int | None, budget: float | None):
+        """`_judge`, yielding every `budget` seconds of work (None: never)."""
         self.flush_uses()
         cfg, rules = self.config, self.policy.rules
         scope = Scope(self.store)
@@ -212,12 +222,18 @@ class Evictor:
         # then judged by its own rule.
         retention = rules.lowest("done_retention_steps", cfg.done_retention_steps)
         max_age = rules.lowest("max_age_steps", cfg.max_age_steps)
+        started = time.perf_counter()
         for index, before in (("donestep", step - retention), ("agestep", step - max_age)):
             found = [ino for _, ino in self.store.scan_index(index, before_step=before)]
-            placed = self.store.placed(ino for ino in found if ino not in seen)
-            for ino in found:
-                if ino not in seen:
-                    self._consider(ino, step, scope, decided, seen, placed.get(ino))
+            for i in range(0, len(found), 256):
+                part = found[i:i + 256]
+                placed = self.store.placed(ino for ino in part if ino not in seen)
+                for ino in part:
+                    if ino not in seen:
+                        self._consider(ino, step, scope, decided, seen, placed.get(ino))
+                if budget is not None and time.perf_counter() - started > budget:
+                    yield
+                    started = time.perf_counter()
         if cfg.quota_bytes is not None or cfg.max_files is not None:
             self._plan_limits(decided, scope, extra_bytes, extra_files, exclude)
         return decided
@@ -395,7 +411,7 @@ class Evictor:
             return done.value
 
     #: seconds of removals per transaction of a pass made in steps
-    STEP_BUDGET_S = 0.02
+    STEP_BUDGET_S = 0.005
 
     def run_in_steps(self, step: int | None = None, *, dry_run: bool = False,
                      extra_bytes: int = 0, extra_files: int = 0, exclude: int | None = None,
@@ -408,7 +424,8 @@ class Evictor:
         t0 = time.perf_counter()
         current = self.store.get_step()
         step = current if step is None else step
-        decided = self._judge(step, extra_bytes, extra_files, exclude)
+        decided = yield from self._judge_in_steps(step, extra_bytes, extra_files, exclude,
+                                                  budget)
         due = [(ino, r, e) for ino, (r, e, held) in decided.items() if not held]
         open_files = self.files.files
         held = [(ino, r, e) for ino, (r, e, h) in decided.items() if h and ino in open_files]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +47,8 @@ log = structlog.get_logger("vfsd.shard")
 VOLUME_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: the lock a shard daemon holds on its whole store (no other daemon may open it)
 SHARD_LOCK = "\0shard"
+#: seconds a worker thread may keep the GIL from the loop (Python's default: 5 ms)
+GIL_SWITCH_S = 0.001
 #: requests a shard serves at once, at least (see `_fuse_main`)
 SHARD_MAX_TASKS = 128
 #: thread ids longer than this (UTF-8 bytes) are refused (as mount_tool refuses them)
@@ -99,6 +102,9 @@ class ShardDaemon(DaemonBase):
         return self.store_dir
 
     def prepare(self) -> None:
+        # A worker thread running Python (a diff, a plan) hands the GIL back
+        # after this long at most: the loop serves every volume.
+        sys.setswitchinterval(GIL_SWITCH_S)
         self._check_fuse()
         try:
             self._prepare_mountpoint()

@@ -3,26 +3,36 @@
 A change that would be one long write transaction (a snapshot or a restore of
 many objects, an eviction pass over thousands of files, a volume's drop) is
 written as a generator that commits a short transaction per step and yields
-between them. `drive` runs one on the trio loop, letting every other request
-through between its steps; code that may block (a daemon's start, a unit
-test) just runs it to the end with `next`.
+between them. `drive` runs one on the trio loop, and between two steps lets
+everything else that is ready run first: a request of another volume needs
+several turns of the loop (the kernel's wake-up, the handler, the next
+request of the same system call), and a long change that came straight back
+after each step would make each of those turns wait for one of its steps.
+It waits at most as long as its last step took, so it keeps at least half
+of a busy loop. Code that may block (a daemon's start, a unit test) runs a
+generator to its end with `next`.
 """
 
 from __future__ import annotations
 
+import time
+
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 
 async def drive(steps):
-    """Run a change made in steps (a generator of short transactions, see
-    `Snapshots.create_in_steps`) on the loop, yielding between transactions
-    so other requests are answered; its result, with how many steps it took."""
+    """Run a change made in steps (see the module docstring); its result,
+    with how many steps it took (`steps`, when the result is a dict)."""
     n = 0
     try:
         while True:
+            t0 = time.perf_counter()
             next(steps)
             n += 1
-            await trio.sleep(0)
+            took = time.perf_counter() - t0
+            with trio.move_on_after(max(took, 0.001)):
+                await wait_all_tasks_blocked()
     except StopIteration as done:
         result = done.value
     if isinstance(result, dict):

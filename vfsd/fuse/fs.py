@@ -411,6 +411,13 @@ class VfsdOperations(pyfuse3.Operations):
         if unused:
             self.store.free_inodes(unused)
 
+    def free_in_steps(self, inos: list[int], batch: int = 256):
+        """`_maybe_free` over many inodes (a restore's), a transaction per
+        batch (a generator, see `vfsd.steps`)."""
+        for i in range(0, len(inos), batch):
+            self._maybe_free(*inos[i:i + batch])
+            yield
+
     # ----------------------------------------------------------- namespace
 
     @_guard

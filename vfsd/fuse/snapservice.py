@@ -73,7 +73,7 @@ class SnapshotService:
     # ------------------------------------------------------------- create
 
     #: a first snapshot of more objects than this is built in steps (see below)
-    FIRST_IN_ONE_GO = 5000
+    FIRST_IN_ONE_GO = 1000
     #: a later snapshot or a restore of more changed objects than this is made
     #: in steps, with the volume held (`Snapshots.create_in_steps`)
     STEPS_ABOVE = 2000
@@ -227,7 +227,7 @@ class SnapshotService:
                 held_open = [ino for ino in res["inodes"] if ino in files.files]
                 for ino in res["inodes"]:
                     files.reload(ino)
-                self.ops._maybe_free(*res["unlinked"])
+                await drive(self.ops.free_in_steps(res["unlinked"]))
                 if self.ops.evicted is not None:
                     self.ops.evicted.reset()  # records changed in place: built again when asked
             await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
@@ -344,8 +344,7 @@ class SnapshotService:
             try:
                 dest = self._new_volume(name, rec)
                 okeys = await trio.to_thread.run_sync(self._visible, seq)
-                for _done, _total in self.snaps.copy_into(seq, dest, okeys):
-                    await trio.sleep(0)  # other requests between batches
+                await drive(self.snaps.copy_into(seq, dest, okeys))
                 with store.txn(write=True) as txn:
                     txn.put(dest._vp + b"step", rec["step"].to_bytes(8, "big"),
                             db=store.db["meta"])
@@ -400,10 +399,8 @@ class SnapshotService:
                 origins = self._copied_from() + [{"run": store.run_id, "upto": seq}]
                 dest = self._new_volume(name, rec, copied_from=origins)
                 okeys = await trio.to_thread.run_sync(self._visible, seq)
-                for _done, _total in snaps.copy_into(seq, dest, okeys):
-                    await trio.sleep(0)
-                for _table, _n in snaps.copy_history(dest, seq):
-                    await trio.sleep(0)
+                await drive(snaps.copy_into(seq, dest, okeys))
+                await drive(snaps.copy_history(dest, seq))
                 with store.txn(write=True) as txn:
                     meta = store.db["meta"]
                     txn.put(dest._vp + b"step", int(rec.get("live_step", rec["step"])).to_bytes(8, "big"), db=meta)

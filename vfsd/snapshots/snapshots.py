@@ -473,7 +473,7 @@ class Snapshots:
     # (`interrupted`), so a crash still leaves the state before or after.
 
     #: seconds of work per transaction of a change made in steps
-    STEP_BUDGET_S = 0.02
+    STEP_BUDGET_S = 0.005
 
     def dirty_count(self) -> int:
         """How many objects the next snapshot records at most (changed since the last)."""
@@ -1151,7 +1151,7 @@ class Snapshots:
 
     # --------------------------------------------------------------- fork
 
-    def copy_into(self, seq: int, dest: Store, okeys: list[bytes], *, batch: int = 2000):
+    def copy_into(self, seq: int, dest: Store, okeys: list[bytes], *, batch: int = 200):
         """Copy the objects `okeys` of snapshot `seq` into the empty volume `dest`
         (same store); `okeys` come from `_visible_okeys`.
 
@@ -1186,7 +1186,7 @@ class Snapshots:
     #: the tables of a volume's snapshot history, and where each key holds its seq
     _HISTORY = {"snap": "head", "sgone": "head", "sgen": "head", "sver": "tail"}
 
-    def copy_history(self, dest: Store, upto: int, *, batch: int = 2000):
+    def copy_history(self, dest: Store, upto: int, *, batch: int = 500):
         """Copy this volume's snapshot history (records, deletion notes, version
         entries of every snapshot up to `upto`) into volume `dest` of the same
         store, which then has the same snapshots under the same ids (a copied

@@ -531,7 +531,7 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         shutil.rmtree(self.hot.root / str(view.vol), ignore_errors=True)
 
     #: seconds of work per transaction of a volume dropped in steps
-    DROP_STEP_S = 0.02
+    DROP_STEP_S = 0.005
 
     def drop_volume_in_steps(self, name: str, entry_refs: Callable[[bytes, bytes], list[bytes]]):
         """`drop_volume` in short transactions (a generator: yields between
