@@ -293,7 +293,7 @@ class Mount:
             raise
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            ino = os.fstat(f.fileno()).st_ino
+            ino = self.volume_ino(os.fstat(f.fileno()).st_ino)
         ref = self._ref_written(rel, ino)
         if ref["hash"] != self.hash_of(data):
             raise MountToolError(
@@ -393,6 +393,11 @@ class Mount:
             yield fd
         finally:
             os.close(fd)
+
+    def volume_ino(self, st_ino: int) -> int:
+        """The inode number FileRefs carry for a file whose `stat` shows
+        `st_ino` (the same here; a thread of a Runs translates)."""
+        return st_ino
 
     def ref(self, path: str | os.PathLike[str]) -> FileRef:
         """The current FileRef of the file at `path` (e.g. one a shell tool wrote)."""
@@ -502,7 +507,7 @@ class Mount:
             return None
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_ino != ref["ino"]:
+            if not stat.S_ISREG(st.st_mode) or self.volume_ino(st.st_ino) != ref["ino"]:
                 return None
             if st.st_size != ref["size"]:
                 return _CHANGED
