@@ -39,6 +39,8 @@ IDLE_CONNECTIONS = 8
 UNMOUNT_TIMEOUT = 20.0
 #: `vfsd mount --shard` answers within this many seconds, or the mount failed
 MOUNT_TIMEOUT = 120.0
+#: seconds a failed request waits to learn whether the daemon died
+DEATH_GRACE_SECONDS = 1.0
 #: a volume's root inode number in the kernel is its slot << 40 | 1
 LOCAL_BITS = 40
 
@@ -204,7 +206,9 @@ class Shard:
         its daemon died."""
         if exc.code != "connection":
             return exc
-        if self._pidfd is not None and not self.alive():
+        # A killed daemon's sockets close as it exits, a moment before its
+        # pidfd tells: wait that moment (an error path only).
+        if self._pidfd is not None and self._wait_exit(DEATH_GRACE_SECONDS):
             why = (f"the daemon of {self.shown} (pid {self.pid}) died (killed, or out of "
                    f"memory) while {op!r} was in flight; what was fsync'd or checkpointed "
                    "is kept, and the shard is started again on the next use")

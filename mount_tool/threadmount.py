@@ -82,7 +82,12 @@ class ThreadMount(Mount):
                 raise OSError(errno.ENOTCONN, f"{self.root} is not the root of thread "
                               f"{self.thread_id!r:.80}'s files in the live mount of "
                               f"{self.shard.shown}")
-            yield fd
+            try:
+                yield fd
+            except OSError as exc:  # what the use met: a shard gone under it is named
+                if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED):
+                    raise
+                raise self._unreachable(exc) from None
         finally:
             os.close(fd)
 
@@ -90,7 +95,7 @@ class ThreadMount(Mount):
         if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED) or not self.shard.alive():
             return OSError(errno.ENOTCONN, f"the daemon of {self.shard.shown} is gone "
                            "(killed, or out of memory); it is started again on the next use "
-                           "of the thread", str(self.root))
+                           "of the thread", exc.filename or str(self.root))
         if exc.errno == errno.ENOENT:
             return FileNotFoundError(errno.ENOENT, f"thread {self.thread_id!r:.80}'s files "
                                      f"are gone from {self.shard.shown} (deleted)", str(self.root))

@@ -12,6 +12,7 @@ import json
 import operator
 import os
 import uuid
+from pathlib import Path
 from typing import Annotated, TypedDict
 
 import pytest
@@ -370,3 +371,53 @@ def test_byte_budget_drops_the_oldest_and_says_so(tmp_path):
         with pytest.raises(SnapshotUnavailable, match="byte budget"):
             app.invoke(None, early.config)
         assert "snapshot_budget" in (m.shard.run_dir / ".vfsd" / "vfsd.log").read_text()
+
+
+def test_a_killed_shard_fails_the_calls_in_flight_and_comes_back(tmp_path):
+    """SIGKILL of a shard daemon serving three threads: the call in flight
+    fails naming the shard, a file call on a thread's mount says the shard
+    is gone, and the next use starts it again; every thread's files and
+    every checkpoint's files are there (a replay from the past restores them)."""
+    import signal
+    import threading
+
+    from conftest import wait_for
+
+    with mount_tool.runs(tmp_path / "crash", shards=1, **MOUNT_OPTIONS) as runs:
+        saver = VfsdCheckpointer(InMemorySaver(), runs)
+        app = build(runs).compile(checkpointer=saver)
+        threads = [fresh("k") for _ in range(3)]
+        for thread in threads:
+            assert app.invoke({"i": 0}, config(thread))["seen"] == ORIGINAL
+        m = runs.get(threads[0])
+        [shard] = runs.shards()
+        pid = shard["pid"]
+        os.kill(pid, signal.SIGSTOP)  # the next request waits for it: in flight at the kill
+        failed: list[BaseException] = []
+
+        def in_flight() -> None:
+            try:
+                m.snapshot(label="in flight")
+            except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                failed.append(exc)
+
+        caller = threading.Thread(target=in_flight)
+        caller.start()
+        # Sent, and waiting for the answer (a socket's timeout waits in poll).
+        wait_for(lambda: "poll" in Path(f"/proc/self/task/{caller.native_id}/wchan").read_text(),
+                 "the request to be in flight")
+        os.kill(pid, signal.SIGKILL)
+        caller.join(timeout=60)
+        [exc] = failed
+        assert isinstance(exc, mount_tool.ControlError) and exc.code == "connection"
+        assert "shard 0" in str(exc) and "died" in str(exc), exc
+        wait_for(lambda: not m.shard.alive(), "the daemon to be gone")
+        with pytest.raises(OSError, match="shard 0") as gone:
+            m.read_bytes("a.txt")
+        assert "started again on the next use" in str(gone.value)
+        for thread in threads:  # the next use starts the shard again
+            assert observe(runs.get(thread)) == "a=v3;ls=a.txt,b.txt"
+        assert runs.shards()[0]["starts"] == 2 and runs.shards()[0]["pid"] != pid
+        for thread in threads:
+            past = at_step(app, config(thread), AFTER_V2)
+            assert app.invoke(None, past.config)["seen"][2] == "2:a=v2;ls=a.txt,c.txt"
