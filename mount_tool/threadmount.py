@@ -49,6 +49,7 @@ class ThreadMount(Mount):
         self.started = False
         self._closed = False
         self._chunk_size = None
+        self._step = None
 
     def __repr__(self) -> str:
         return f"ThreadMount({self.thread_id!r:.80}, {self.volume}, shard {self.shard.name})"
