@@ -245,11 +245,13 @@ class Mount:
         Relative paths are taken from the mount root. Nothing is created or
         written before the check.
         """
-        return confine(self.root, path)
+        # The root is canonical: made from a realpath (Mount) or from a Runs'
+        # canonical root (ThreadMount).
+        return confine(self.root, path, canonical=True)
 
     def relative(self, path: str | os.PathLike[str]) -> str:
         """The mount-relative form of `path` ("out/a.txt"), after confinement."""
-        return mount_relative(self.root, self.resolve_path(path))
+        return mount_relative(self.root, self.resolve_path(path), canonical=True)
 
     def path_of(self, ref: Mapping[str, Any]) -> Path:
         """Absolute path where `ref` was taken (it may have moved or gone since)."""
@@ -286,10 +288,13 @@ class Mount:
                 raise
             raise ValueError(reason) from exc
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise _not_regular(rel)
-            # Truncate only once it is known to be a regular file.
-            os.ftruncate(fd, 0)
+            # Truncate only once it is known to be a regular file (a new one
+            # is empty: no request for it).
+            if st.st_size:
+                os.ftruncate(fd, 0)
             os.set_blocking(fd, True)
             toolcalls.tag(fd)  # the running tool call, if any, is the author
         except BaseException:
@@ -297,10 +302,9 @@ class Mount:
             raise
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            ino = self.volume_ino(os.fstat(f.fileno()).st_ino)
         if not ref:
             return None
-        taken = self._ref_written(rel, ino)
+        taken = self._ref_written(rel, self.volume_ino(st.st_ino))
         if taken["hash"] != self.hash_of(data):
             raise MountToolError(
                 f"{taken['path']} changed between the write and taking its reference "
@@ -310,13 +314,26 @@ class Mount:
 
     def _create(self, rel: str, parts: list[bytes]) -> int:
         """An fd open for writing on `rel`, made with its parents, beneath the root."""
+        # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
         with self.root_fd() as root:
+            try:
+                # One step when the parents exist; O_NOFOLLOW: never the last
+                # component's symlink (inside ones on the way are followed).
+                return _confined(lambda: open_beneath(root, b"/".join(parts),
+                                                      flags | os.O_NOFOLLOW, 0o644),
+                                 rel, symlinks_refused=True)
+            except FileNotFoundError:
+                pass  # a parent is missing: made below
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                raise _not_regular(rel) from None
             dir_fd = _confined(lambda: makedirs_beneath(root, b"/".join(parts[:-1])), rel)
             try:
-                # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
                 return _confined(lambda: open_beneath(
-                    dir_fd, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY,
-                    0o644, follow_symlinks=False), rel, symlinks_refused=True)
+                    dir_fd, parts[-1], flags, 0o644, follow_symlinks=False), rel,
+                    symlinks_refused=True)
             except OSError as exc:
                 if exc.errno != errno.ENXIO:
                     raise
@@ -410,7 +427,8 @@ class Mount:
         return self._ref_of(self.resolve_path(path))
 
     def _ref_of(self, absolute: Path) -> FileRef:
-        return as_ref(self.client.call("ref", path=mount_relative(self.root, absolute)))
+        return as_ref(self.client.call("ref", path=mount_relative(self.root, absolute,
+                                                                  canonical=True)))
 
     def read(self, ref: Mapping[str, Any]) -> bytes:
         """The content `ref` points at, checked against its hash.
