@@ -149,11 +149,14 @@ def current_config() -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class ThreadRecord:
-    """What `ROOT/threads/t<hex>/thread.json` says: the thread's id and its
-    shard (None: a run dir of the earlier layout, version 1)."""
+    """What `ROOT/threads/t<hex>/thread.json` says: the thread's id, its shard
+    (None: a run dir of the earlier layout, version 1), and whether it is a
+    copy still being made (`copying`: its record is written first, so a copy
+    that dies half way leaves a thread that says so, which `delete` removes)."""
 
     thread_id: str
     shard: str | None
+    copying: bool = False
 
 
 @dataclass(eq=False)
@@ -355,6 +358,10 @@ class Runs:
             write_record(run_dir, record)
         elif record.thread_id != thread_id:
             raise _mixed(run_dir, record.thread_id, thread_id)
+        if record.copying:
+            raise MountToolError(
+                f"thread {thread_id!r:.200} is a copy that did not finish ({run_dir}): "
+                "delete it (Runs.delete, or the checkpointer's delete_thread) and copy again")
         if record.shard is None:  # a run dir of the earlier layout
             record = ThreadRecord(thread_id, legacy.adopt(self, run_dir, name, thread_id))
             write_record(run_dir, record)
@@ -416,29 +423,44 @@ class Runs:
         """Give thread `target` a copy of `source`'s files with every snapshot
         (same ids; content shared, not copied) on the source's shard, and the
         source's checkpoint record; None when the source has no files. The
-        target must have none yet."""
+        target must have none yet, and nothing is deleted that this call did
+        not make: a directory or a volume already there for the target is
+        refused with the way out."""
         source, target = thread_key(source), thread_key(target)
         if source == target:
             raise ValueError("a thread cannot be copied onto itself")
         if not self.exists(source):
             return None
         target_dir = self.run_dir(target)
-        if self.exists(target):
+        record = read_record(target_dir) if os.path.lexists(target_dir) else None
+        if record is not None and record.copying:
+            raise MountToolError(
+                f"thread {target!r:.200} is a copy that did not finish ({target_dir}): "
+                "delete it (Runs.delete, or the checkpointer's delete_thread) and copy again")
+        if record is not None:
             raise MountToolError(f"thread {target!r:.200} already has files ({target_dir}): "
                                  "copy into a new thread")
+        if os.path.lexists(target_dir):
+            raise MountToolError(
+                f"{target_dir} exists but has no {THREAD_RECORD}, so it is no thread this "
+                f"Runs knows (a thread whose record was lost, or something else); nothing "
+                f"was changed. Restore its {THREAD_RECORD}, or move it away, and copy again")
         name = target_dir.name
         with self.use(source, hooks=False) as m:
+            write_record(target_dir, ThreadRecord(target, m.shard.name, copying=True))
             try:
-                _copy_volume(m, name, target)
+                # A connection of its own: a long history may outlast the pool's timeout.
+                m.client.long_call("volume_copy", COPY_TIMEOUT, target=name,
+                                   target_thread=target)
             except ControlError as exc:
-                if exc.code not in ("exists", "bad_request") or "exists" not in exc.message:
-                    raise
-                # A copy that died after the volume was made and before its record:
-                # the volume names the target, and nothing refers to it.
-                if _volume_thread(m.shard, name) != target or self.exists(target):
-                    raise
-                m.shard.long_call("volume_drop", DROP_TIMEOUT, volume=name, thread=target)
-                _copy_volume(m, name, target)
+                _remove_thread_dir(target_dir)  # the record this call wrote, and nothing else
+                if "exists" in exc.message:
+                    raise MountToolError(
+                        f"{m.shard.shown} holds a volume for thread {target!r:.200} already "
+                        f"({name}) that no record names (a copy that died half way, in a "
+                        "version that wrote the record last); nothing was changed: drop it "
+                        f"(the shard's control op volume_drop) and copy again") from None
+                raise
             _copy_checkpoint_record(m.state_dir, target_dir / ".vfsd", target)
             write_record(target_dir, ThreadRecord(target, m.shard.name))
         return self.get(target)
@@ -507,18 +529,6 @@ def _mixed(run_dir: Path, recorded: str, asked: str) -> MountToolError:
         "hash, or a record edited by hand): refusing to mix them")
 
 
-def _copy_volume(m: ThreadMount, name: str, target: str) -> None:
-    # A connection of its own: a long history may outlast the pool's timeout.
-    m.client.long_call("volume_copy", COPY_TIMEOUT, target=name, target_thread=target)
-
-
-def _volume_thread(shard: Shard, name: str) -> str | None:
-    for vol in shard.call("volumes").get("volumes", []):
-        if vol.get("volume") == name:
-            return vol.get("thread")
-    return None
-
-
 def read_record(run_dir: Path) -> ThreadRecord | None:
     """What a thread's record says, None when it has none yet."""
     path = run_dir / THREAD_RECORD
@@ -537,7 +547,7 @@ def read_record(run_dir: Path) -> ThreadRecord | None:
     shard = doc.get("shard")
     if not isinstance(shard, str) or not _SHARD_NAME.fullmatch(shard):
         raise MountToolError(f"{path} names no shard ({shard!r:.80}): fix or remove it")
-    return ThreadRecord(thread, shard)
+    return ThreadRecord(thread, shard, copying=doc.get("copying") is True)
 
 
 def write_record(run_dir: Path, record: ThreadRecord) -> None:
@@ -546,6 +556,8 @@ def write_record(run_dir: Path, record: ThreadRecord) -> None:
     path = run_dir / THREAD_RECORD
     tmp = path.with_name(f".{THREAD_RECORD}.{os.getpid()}.{threading.get_ident()}")
     doc = {"version": RECORD_VERSION, "thread_id": record.thread_id, "shard": record.shard}
+    if record.copying:
+        doc["copying"] = True
     # The owner's only: with --allow-other other users may reach the thread's directory.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -28,7 +28,7 @@ import mount_tool  # noqa: E402
 from mount_tool import SnapshotUnavailable, ThreadIdError  # noqa: E402
 from mount_tool.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
 from mount_tool.langgraph import FilesChannel, write_artifact  # noqa: E402
-from mount_tool.runs import THREAD_RECORD, thread_dir_name  # noqa: E402
+from mount_tool.runs import THREAD_RECORD, ThreadRecord, thread_dir_name, write_record  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
 
@@ -189,6 +189,37 @@ def test_copy_and_delete_thread(runs):
     with pytest.raises(mount_tool.MountToolError, match="already has files"):
         runs.copy(copy, occupied)
     assert runs.copy(fresh("nobody"), fresh("x")) is None
+
+
+def test_a_copy_deletes_nothing_it_did_not_make(runs):
+    """Where the copy would go there is already a directory without a record,
+    or a volume no record names: refused, both left as they are. A copy that
+    died half way says so (its record is written first): neither used nor
+    copied onto, until it is deleted; then the copy goes through."""
+    source = fresh("src")
+    with runs.use(source) as m:
+        m.write("a.txt", "a")
+    target = fresh("dst")
+    taken = runs.run_dir(target)
+    taken.mkdir(parents=True)
+    (taken / "x").write_text("mine")
+    with pytest.raises(mount_tool.MountToolError, match="has no thread.json"):
+        runs.copy(source, target)
+    assert os.listdir(taken) == ["x"]
+    target = fresh("dst")
+    name = thread_dir_name(target)
+    m.shard.call("volume_create", volume=name, thread=target)
+    with pytest.raises(mount_tool.MountToolError, match="holds a volume"):
+        runs.copy(source, target)
+    assert not os.path.lexists(runs.run_dir(target))
+    assert name in [v["volume"] for v in m.shard.call("volumes")["volumes"]]
+    target = fresh("dst")
+    write_record(runs.run_dir(target), ThreadRecord(target, m.shard.name, copying=True))
+    for attempt in (lambda: runs.get(target), lambda: runs.copy(source, target)):
+        with pytest.raises(mount_tool.MountToolError, match="did not finish"):
+            attempt()
+    assert runs.delete(target)
+    assert runs.copy(source, target).read_bytes("a.txt") == b"a"
 
 
 def test_threads_are_directories_of_a_few_daemons(tmp_path):
