@@ -128,6 +128,10 @@ def pct(samples: list[float], q: float) -> float:
 # -- the threads workload ---------------------------------------------------------------------
 
 
+#: whether the threads' second tool call is `execute` (else `ls`: `--no-execute`)
+WITH_EXECUTE = True
+
+
 def script(messages):
     """The scripted model's next turn, from the conversation alone (one model for all threads)."""
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -140,7 +144,8 @@ def script(messages):
         ("write_file", {"file_path": f"/work/job{human_turns}.py",
                         "content": f"print({n} * {n})\n" + "# padding\n" * 200}),
         ("execute", {"command": f"python3 /work/job{human_turns}.py > /work/out.txt; "
-                                "cat /work/out.txt"}),
+                                "cat /work/out.txt"}) if WITH_EXECUTE else
+        ("ls", {"path": "/work"}),
         ("read_file", {"file_path": "/work/out.txt"}),
         ("write_file", {"file_path": f"/work/report{human_turns}.md",
                         "content": f"# Report\n{n}^2 computed\n"}),
@@ -251,7 +256,8 @@ def threads_workload(work: Path, counts: list[int], active: int, options: dict) 
 
     results = []
     for count in counts:
-        row: dict = {"threads": count, "active": active, "runs_options": options}
+        row: dict = {"threads": count, "active": active, "runs_options": options,
+                     "execute": WITH_EXECUTE}
         for variant in ("vfsd", "state"):
             timings = Timings()
             starts: dict[str, float] = {}
@@ -283,7 +289,8 @@ def threads_workload(work: Path, counts: list[int], active: int, options: dict) 
                     checkpointer=VfsdCheckpointer(InMemorySaver(), runs))
             else:
                 runs = None
-                agent = create_deep_agent(model, backend=timed_backend(StateBackend, timings)(),
+                state_backend = timed_backend(StateBackend, timings)()
+                agent = create_deep_agent(model, backend=state_backend,
                                           checkpointer=InMemorySaver())
             try:
                 # Not timed: mount_tool's helper and the sandbox's first probe start here.
@@ -318,11 +325,14 @@ def threads_workload(work: Path, counts: list[int], active: int, options: dict) 
                 }
                 # Threads that went idle come back for one more turn (with the
                 # earlier layout: threads whose run dirs were unmounted).
-                if variant == "vfsd" and count > active:
+                if count > active:
                     mounted = set(runs.mounted()) if hasattr(runs, "mounted") else set()
                     idle = [t for t in threads if t not in mounted][:active]
                     timings2 = Timings()
-                    backend.__class__ = timed_backend(VfsdBackend, timings2)
+                    if variant == "vfsd":
+                        backend.__class__ = timed_backend(VfsdBackend, timings2)
+                    else:
+                        state_backend.__class__ = timed_backend(StateBackend, timings2)
                     starts2: dict[str, float] = {}
                     loop.run_until_complete(
                         _run_threads(agent, idle, active, starts2, 2, sample))
@@ -657,6 +667,8 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=None,
                     help="the Runs' shard daemons [the number of CPUs]")
     ap.add_argument("--turns", type=int, default=5, help="timed ten-tool-call turns [5]")
+    ap.add_argument("--no-execute", action="store_true",
+                    help="threads: `ls` instead of `execute` (no sandboxes on the CPUs)")
     ap.add_argument("--writes", type=int, default=300, help="timed writes [300]")
     ap.add_argument("--floor-files", type=int, default=2000,
                     help="files per writer process in the floor part [2000]")
@@ -668,6 +680,8 @@ def main() -> None:
     print_machine(info)
     results: dict = {"machine": info}
     options = runs_options(args.shards)
+    global WITH_EXECUTE
+    WITH_EXECUTE = not args.no_execute
     results["runs_options"] = options
     try:
         if args.only in (None, "turn"):
