@@ -27,8 +27,8 @@ Every part runs vfsd and, in the same run, what it is compared with:
   included) against open/write/close of the same 2 KB on the same mount.
 - `floor`: a shard daemon's small-file rate (8 processes at once, each
   creating, writing 2 KB and closing files in its own thread's directory)
-  against bench/floorfs.py (a pyfuse3 filesystem doing nothing) in the same
-  run, with each daemon's CPU time per file.
+  against bench/floorfs.py (a pyfuse3 filesystem doing nothing) and one run
+  dir's daemon in the same run, with each daemon's CPU time per file.
 
 With a Runs of the earlier layout (a daemon per thread: check out an older
 mount_tool with PYTHONPATH), `threads`, `turn` and `write` run unchanged, for
@@ -600,15 +600,21 @@ def shard_floor(work: Path, files: int, workers: int, reps: int) -> dict:
     out: dict = {"workers": workers, "files_per_worker": files, "reps": reps}
     floor = FloorMount(work)
     runs = mount_tool.runs(work / "floor-runs", shards=1)
+    single = mount_tool.mount(work / "floor-rundir")
     try:
         mounts = [runs.get(f"w{i}") for i in range(workers)]
         shard_pid = mounts[0].shard.pid
+        single_pid = int((single.state_dir / "vfsd.pid").read_text())
         sides = {"floor": (floor.proc.pid, lambda rep: [floor.root / f"r{rep}-{i}"
                                                        for i in range(workers)]),
-                 "shard": (shard_pid, lambda rep: [m.root / f"r{rep}" for m in mounts])}
+                 "shard": (shard_pid, lambda rep: [m.root / f"r{rep}" for m in mounts]),
+                 # One run dir's daemon (`vfsd mount RUN`), the writers in directories of it.
+                 "rundir": (single_pid, lambda rep: [single.root / f"r{rep}-{i}"
+                                                     for i in range(workers)])}
         got: dict = {k: {"seconds": [], "cpu": []} for k in sides}
+        order = list(sides)
         for rep in range(reps):
-            for name in (("floor", "shard") if rep % 2 == 0 else ("shard", "floor")):
+            for name in order[rep % len(order):] + order[:rep % len(order)]:
                 pid, dirs_of = sides[name]
                 dirs = dirs_of(rep)
                 for d in dirs:
@@ -622,8 +628,10 @@ def shard_floor(work: Path, files: int, workers: int, reps: int) -> dict:
             out[name] = {"files_per_s": total / secs, "seconds": secs,
                          "daemon_cpu_ms_per_file": statistics.median(g["cpu"]) / total * 1e3}
         out["shard_vs_floor"] = out["shard"]["files_per_s"] / out["floor"]["files_per_s"]
+        out["rundir_vs_floor"] = out["rundir"]["files_per_s"] / out["floor"]["files_per_s"]
     finally:
         runs.close()
+        single.unmount()
         floor.close()
     print(json.dumps({"part": "floor", **out}), file=sys.stderr)
     return out
@@ -651,11 +659,12 @@ def print_write(w: dict) -> None:
 def print_floor(f: dict) -> None:
     print(f"\n{f['workers']} processes at once, create+write 2 KB+close, "
           f"{f['files_per_worker']:,} files each:")
-    for name in ("shard", "floor"):
+    for name in ("shard", "rundir", "floor"):
         r = f[name]
         print(f"  {name:6} {r['files_per_s']:,.0f} files/s, daemon CPU "
               f"{r['daemon_cpu_ms_per_file']:.3f} ms per file")
-    print(f"  shard / floor: {f['shard_vs_floor']:.2f}")
+    print(f"  shard / floor: {f['shard_vs_floor']:.2f}; one run dir's daemon / floor: "
+          f"{f['rundir_vs_floor']:.2f}")
 
 
 def main() -> None:
