@@ -297,8 +297,14 @@ def threads_workload(work: Path, counts: list[int], active: int, options: dict) 
                 loop.run_until_complete(_run_threads(agent, [f"warm-up-{count}"], 1, {}, 1,
                                                      lambda: None))
                 timings.__init__()
+                cpu0 = os.times()
+                vfsd_cpu0 = sum(_cpu_seconds(p) for p in vfsd_processes(work))
                 loop.run_until_complete(_run_threads(agent, threads, active, starts, 1, sample))
                 elapsed = time.perf_counter() - t_all
+                cpu1 = os.times()
+                # Daemons alive through the run (shards; the earlier layout's are
+                # partly gone by now, so its figure is a floor).
+                vfsd_cpu = sum(_cpu_seconds(p) for p in vfsd_processes(work)) - vfsd_cpu0
                 sample(force=True)
                 end_memory = vfsd_memory(vfsd_processes(work))
                 fds = _fd_kinds()
@@ -308,6 +314,12 @@ def threads_workload(work: Path, counts: list[int], active: int, options: dict) 
                                if t in timings.first_write]
                 out = {
                     "elapsed_s": elapsed,
+                    # Where the CPU went: the agents' process, its children (the
+                    # sandboxes, reaped), the vfsd processes.
+                    "cpu_s": {"agents": cpu1.user + cpu1.system - cpu0.user - cpu0.system,
+                              "sandboxes": cpu1.children_user + cpu1.children_system
+                              - cpu0.children_user - cpu0.children_system,
+                              "vfsd": vfsd_cpu},
                     "peak_vfsd_pss_mib": peak["pss_mib"],
                     "peak_vfsd_rss_anon_mib": peak["rss_anon_mib"],
                     "peak_vfsd_processes": peak["processes"],
@@ -575,7 +587,10 @@ print(time.perf_counter() - t0)
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
