@@ -4,8 +4,8 @@
         ref = m.write("notes/plan.md", "...")   # a ~150-byte FileRef for graph state
         m.read(ref)                              # checked against the ref's hash
 
-    with mount_tool.runs("runs") as runs:        # one run dir per graph thread
-        m = runs.get(thread_id)                  # mounted on demand, idle ones unmounted
+    with mount_tool.runs("runs") as runs:        # every graph thread its own files,
+        m = runs.get(thread_id)                  # a directory of a few shard daemons
 
 LangGraph helpers live in `mount_tool.langgraph`, tool-output offloading in
 `mount_tool.offload`, Deep Agents integration in `mount_tool.deepagents` and the

@@ -339,11 +339,15 @@ class VfsdBackend(SandboxBackendProtocol):
             return False
 
     @staticmethod
-    def _retire_if_scratch(v: _RunView, virtual: str, ref: FileRef) -> None:
-        """A file the file tools wrote in the sandbox's /tmp is scratch too: done,
-        as execute marks what commands leave there."""
-        if (v.sandbox.tmp == "run" and v.sandbox.isolation == "bwrap"
-                and virtual.startswith(f"/{TMP_DIR}/")):
+    def _write(v: _RunView, virtual: str, data: str | bytes) -> None:
+        """Write a file for the file tools: the mount answers it all (no request
+        to the daemon: VfsdMiddleware takes the refs of what a tool call
+        changed after it). A file written in the sandbox's /tmp is scratch
+        too: marked done, as execute marks what commands leave there."""
+        scratch = (v.sandbox.tmp == "run" and v.sandbox.isolation == "bwrap"
+                   and virtual.startswith(f"/{TMP_DIR}/"))
+        ref = v.mount.write(virtual.lstrip("/"), data, ref=scratch)
+        if ref is not None:
             with contextlib.suppress(ControlError):
                 v.mount.set_status(ref, "done")
 
@@ -452,7 +456,7 @@ class VfsdBackend(SandboxBackendProtocol):
                 if virtual == "/":
                     raise IsADirectoryError("/ is the mount root")
                 self._check_access(v, virtual, write=True)
-                self._retire_if_scratch(v, virtual, v.mount.write(virtual.lstrip("/"), content))
+                self._write(v, virtual, content)
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return WriteResult(error=f"Error writing file '{file_path}': {_reason(exc)}")
         return WriteResult(path=virtual)
@@ -496,8 +500,7 @@ class VfsdBackend(SandboxBackendProtocol):
                         if virtual == "/":
                             raise IsADirectoryError(path)
                         self._check_access(v, virtual, write=True)
-                        self._retire_if_scratch(v, virtual,
-                                                v.mount.write(virtual.lstrip("/"), data))
+                        self._write(v, virtual, data)
                         responses.append(FileUploadResponse(path=path))
                     except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
                         responses.append(FileUploadResponse(path=path, error=_error_code(exc)))
@@ -558,7 +561,7 @@ class VfsdBackend(SandboxBackendProtocol):
             registered.append(reply["key"])
 
         scratch = v.sandbox.isolation == "bwrap" and v.sandbox.tmp == "run"
-        started = v.mount.get_step() if scratch else 0
+        started = v.mount.step_hint() if scratch else 0
         try:
             result = v.sandbox.run(command, timeout, on_confined=confined)
         except SandboxUnavailable as exc:
@@ -583,6 +586,29 @@ class VfsdBackend(SandboxBackendProtocol):
             # The command ran: its output must reach the agent, cut if need be.
             output = cut_unsaved(output, exc, threshold_tokens=self.offload_threshold_tokens)
         return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=result.truncated)
+
+
+def _updates_for(files: Mapping[str, Any], delta: Mapping[str, Any]) -> dict[str, FileRef | None]:
+    """The `files` update for a `changes` answer: changed files get their
+    current ref; a ref whose inode was removed (unlinked or evicted) gets
+    None unless the same update re-creates its path."""
+    view: dict[str, Any] = dict(files)
+    updates: dict[str, FileRef | None] = {}
+    for ref in delta["changed"]:
+        key = virtual_path(ref["path"])
+        if _is_staged(key):
+            continue
+        if view.get(key) != ref:
+            view[key] = updates[key] = ref
+    removed = {rec["ino"] for rec in delta["removed"]}
+    for key, ref in view.items():
+        if ref and ref.get("ino") in removed:
+            updates[key] = None
+    return updates
+
+
+def _as_update(updates: dict[str, FileRef | None]) -> dict[str, Any] | None:
+    return {"files": updates} if updates else None
 
 
 def _retire_scratch(m: Mount, since_step: int) -> None:
@@ -699,12 +725,12 @@ class VfsdAgentState(AgentState):
 class VfsdMiddleware(AgentMiddleware):
     """Keeps a deep agent's graph state down to references into the vfsd mount.
 
-    - at the start of each model call: advance the daemon's step by one (one
-      step per model turn), record refs for files changed during the turn that
-      just ended, and drop refs of files the daemon evicted;
+    - at the start of each model call, in one request to the daemon: record
+      refs for files changed since the last one, advance the daemon's step by
+      one (one step per model turn), and drop refs of files the daemon evicted;
     - after each tool call that can change files: put refs of files the tool
       (or the shell, or a subagent) wrote under their virtual paths in `files`,
-      and None for files it deleted;
+      and None for files it deleted (one request);
     - around the model call: `write_file`/`edit_file` arguments longer than
       `compact_threshold_chars` move to the mount and the AIMessage keeps a
       marker (see the module docstring);
@@ -756,20 +782,7 @@ class VfsdMiddleware(AgentMiddleware):
             with lease(self.files) as m:
                 return self.sync_files(files, since_step, m)
         # The daemon's `since` is inclusive: files stamped with since_step are listed.
-        delta = mount.changes(since_step)
-        view: dict[str, Any] = dict(files)
-        updates: dict[str, FileRef | None] = {}
-        for ref in delta["changed"]:
-            key = virtual_path(ref["path"])
-            if _is_staged(key):
-                continue
-            if view.get(key) != ref:
-                view[key] = updates[key] = ref
-        removed = {rec["ino"] for rec in delta["removed"]}
-        for key, ref in view.items():
-            if ref and ref.get("ino") in removed:
-                updates[key] = None
-        return updates
+        return _updates_for(files, mount.changes(since_step))
 
     def _turn_update(self, state: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         with lease(self.files) as m:
@@ -782,28 +795,29 @@ class VfsdMiddleware(AgentMiddleware):
         opened since they were written)."""
         warn_if_unwrapped(self.files)
         files = state.get("files") or {}
-        step = m.get_step()
-        updates = self.sync_files(files, step, m)
         note = None
-        if self.advance_step:
-            report = m.set_step(step + 1)
-            records = report.get("evicted", [])
-            evicted = {rec["ino"] for rec in records}
-            view = {**files, **updates}
-            touched = set()
-            for key, ref in view.items():
-                if ref and ref.get("ino") in evicted:
-                    updates[key] = None
-                    touched.add(ref["ino"])
-            # Files the run only read (inputs put there before it) have no ref;
-            # one opened after its last write was read by the agent's tools.
-            # (Staged arguments and /tmp are the middleware's and the sandbox's.)
-            touched.update(rec["ino"] for rec in records
-                           if rec.get("used_step", 0) > rec.get("step", 0)
-                           and not _is_staged(virtual_path(rec.get("path", ""))))
-            if touched:
-                note = turn_note(m, records, touched)
-        return ({"files": updates} if updates else None), note
+        if not self.advance_step:
+            return _as_update(self.sync_files(files, m.get_step(), m)), None
+        # One round trip: the turn's changes, then the step advanced (eviction).
+        delta, report = m.advance_step()
+        updates = _updates_for(files, delta)
+        records = report.get("evicted", [])
+        evicted = {rec["ino"] for rec in records}
+        view = {**files, **updates}
+        touched = set()
+        for key, ref in view.items():
+            if ref and ref.get("ino") in evicted:
+                updates[key] = None
+                touched.add(ref["ino"])
+        # Files the run only read (inputs put there before it) have no ref;
+        # one opened after its last write was read by the agent's tools.
+        # (Staged arguments and /tmp are the middleware's and the sandbox's.)
+        touched.update(rec["ino"] for rec in records
+                       if rec.get("used_step", 0) > rec.get("step", 0)
+                       and not _is_staged(virtual_path(rec.get("path", ""))))
+        if touched:
+            note = turn_note(m, records, touched)
+        return _as_update(updates), note
 
     # -- model calls: advance the step, keep large arguments out of the message ----
 
@@ -930,7 +944,7 @@ class VfsdMiddleware(AgentMiddleware):
             restored = self._restore(m, request)
             if isinstance(restored, ToolMessage):
                 return restored
-            return (*restored, m.get_step())
+            return (*restored, m.step_hint())
 
     def _restore(self, m: Mount, request: Any) -> tuple[Any, list[str]] | ToolMessage:
         call = request.tool_call

@@ -96,7 +96,7 @@ def _still_at(mount: Mount, ref: Mapping[str, Any]) -> bool:
     """True when the ref's inode is still at its path (one lstat, answered from
     the kernel's attribute cache)."""
     try:
-        return os.lstat(mount.resolve_path(ref["path"])).st_ino == ref["ino"]
+        return mount.volume_ino(os.lstat(mount.resolve_path(ref["path"])).st_ino) == ref["ino"]
     except (OSError, ValueError):
         return False
 

@@ -142,6 +142,7 @@ class Mount:
         self.started = started
         self._closed = False
         self._chunk_size: int | None = None
+        self._step: int | None = None  # the step this Mount last saw (a hint)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -244,11 +245,13 @@ class Mount:
         Relative paths are taken from the mount root. Nothing is created or
         written before the check.
         """
-        return confine(self.root, path)
+        # The root is canonical: made from a realpath (Mount) or from a Runs'
+        # canonical root (ThreadMount).
+        return confine(self.root, path, canonical=True)
 
     def relative(self, path: str | os.PathLike[str]) -> str:
         """The mount-relative form of `path` ("out/a.txt"), after confinement."""
-        return mount_relative(self.root, self.resolve_path(path))
+        return mount_relative(self.root, self.resolve_path(path), canonical=True)
 
     def path_of(self, ref: Mapping[str, Any]) -> Path:
         """Absolute path where `ref` was taken (it may have moved or gone since)."""
@@ -256,8 +259,11 @@ class Mount:
 
     # -- files ----------------------------------------------------------------
 
-    def write(self, path: str | os.PathLike[str], data: bytes | str) -> FileRef:
-        """Write `data` to `path` (creating parent dirs) and return its FileRef.
+    def write(self, path: str | os.PathLike[str], data: bytes | str, *,
+              ref: bool = True) -> FileRef | None:
+        """Write `data` to `path` (creating parent dirs) and return its FileRef
+        (with `ref=False`, None: no request to the daemon at all, the mount
+        answers everything).
 
         The path is resolved and used in one step beneath the mount root
         (see `open_file`): a directory swapped for a symlink to the outside
@@ -282,10 +288,13 @@ class Mount:
                 raise
             raise ValueError(reason) from exc
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise _not_regular(rel)
-            # Truncate only once it is known to be a regular file.
-            os.ftruncate(fd, 0)
+            # Truncate only once it is known to be a regular file (a new one
+            # is empty: no request for it).
+            if st.st_size:
+                os.ftruncate(fd, 0)
             os.set_blocking(fd, True)
             toolcalls.tag(fd, self.client)  # the running tool call, if any, is the author
         except BaseException:
@@ -293,24 +302,38 @@ class Mount:
             raise
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            ino = os.fstat(f.fileno()).st_ino
-        ref = self._ref_written(rel, ino)
-        if ref["hash"] != self.hash_of(data):
+        if not ref:
+            return None
+        taken = self._ref_written(rel, self.volume_ino(st.st_ino))
+        if taken["hash"] != self.hash_of(data):
             raise MountToolError(
-                f"{ref['path']} changed between the write and taking its reference "
+                f"{taken['path']} changed between the write and taking its reference "
                 "(another writer?)"
             )
-        return ref
+        return taken
 
     def _create(self, rel: str, parts: list[bytes]) -> int:
         """An fd open for writing on `rel`, made with its parents, beneath the root."""
+        # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
         with self.root_fd() as root:
+            try:
+                # One step when the parents exist; O_NOFOLLOW: never the last
+                # component's symlink (inside ones on the way are followed).
+                return _confined(lambda: open_beneath(root, b"/".join(parts),
+                                                      flags | os.O_NOFOLLOW, 0o644),
+                                 rel, symlinks_refused=True)
+            except FileNotFoundError:
+                pass  # a parent is missing: made below
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                raise _not_regular(rel) from None
             dir_fd = _confined(lambda: makedirs_beneath(root, b"/".join(parts[:-1])), rel)
             try:
-                # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
                 return _confined(lambda: open_beneath(
-                    dir_fd, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY,
-                    0o644, follow_symlinks=False), rel, symlinks_refused=True)
+                    dir_fd, parts[-1], flags, 0o644, follow_symlinks=False), rel,
+                    symlinks_refused=True)
             except OSError as exc:
                 if exc.errno != errno.ENXIO:
                     raise
@@ -394,12 +417,18 @@ class Mount:
         finally:
             os.close(fd)
 
+    def volume_ino(self, st_ino: int) -> int:
+        """The inode number FileRefs carry for a file whose `stat` shows
+        `st_ino` (the same here; a thread of a Runs translates)."""
+        return st_ino
+
     def ref(self, path: str | os.PathLike[str]) -> FileRef:
         """The current FileRef of the file at `path` (e.g. one a shell tool wrote)."""
         return self._ref_of(self.resolve_path(path))
 
     def _ref_of(self, absolute: Path) -> FileRef:
-        return as_ref(self.client.call("ref", path=mount_relative(self.root, absolute)))
+        return as_ref(self.client.call("ref", path=mount_relative(self.root, absolute,
+                                                                  canonical=True)))
 
     def read(self, ref: Mapping[str, Any]) -> bytes:
         """The content `ref` points at, checked against its hash.
@@ -502,7 +531,7 @@ class Mount:
             return None
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_ino != ref["ino"]:
+            if not stat.S_ISREG(st.st_mode) or self.volume_ino(st.st_ino) != ref["ino"]:
                 return None
             if st.st_size != ref["size"]:
                 return _CHANGED
@@ -512,11 +541,44 @@ class Mount:
 
     def get_step(self) -> int:
         """The daemon's current step."""
-        return int(self.client.call("get_step")["step"])
+        self._step = int(self.client.call("get_step")["step"])
+        return self._step
+
+    def step_hint(self) -> int:
+        """The step this Mount last saw (asked only if it saw none): for what
+        a stale value cannot harm, such as the step a tool call starts at."""
+        return self._step if self._step is not None else self.get_step()
 
     def set_step(self, step: int) -> dict[str, Any]:
         """Advance the daemon's step (>= current) and return its eviction report."""
-        return self.client.call("set_step", step=int(step))
+        report = self.client.call("set_step", step=int(step))
+        self._step = int(report.get("step", step))
+        return report
+
+    def advance_step(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One model turn's start in one round trip (a `batch`): the files
+        changed since the current step (as `changes`), then the step advanced
+        by one, with its eviction report (as `set_step`). The step is the one
+        this Mount last saw, checked by the daemon (`expect`): if it moved
+        meanwhile (a restore elsewhere), it is asked again and nothing was
+        changed."""
+        for _attempt in (1, 2):
+            step = self.step_hint()
+            res = self.client.call("batch", stop_on_error=True, requests=[
+                {"op": "changes", "since": step},
+                {"op": "set_step", "step": step + 1, "expect": step}])
+            answers = res["results"]
+            for answer in answers:
+                if not answer["ok"] and answer["error"]["code"] != "step_moved":
+                    raise ControlError(answer["error"]["code"], answer["error"]["message"])
+            if len(answers) == 2 and answers[1]["ok"]:
+                report = answers[1]["result"]
+                self._step = int(report.get("step", step + 1))
+                return self._rest_of_changes(answers[0]["result"], step), report
+            self._step = None  # it moved: ask, and try again
+        step = self.get_step()
+        changes = self.changes(step)
+        return changes, self.set_step(step + 1)
 
     def evict(self, dry_run: bool = False) -> dict[str, Any]:
         """Run eviction now (or report what it would remove) and return the report."""
@@ -545,7 +607,14 @@ class Mount:
 
     def changes(self, since_step: int) -> dict[str, Any]:
         """Files changed and removed since `since_step`: {"step", "changed", "removed"}."""
-        first = res = self.client.call("changes", since=int(since_step))
+        res = self.client.call("changes", since=int(since_step))
+        if isinstance(res.get("step"), int):
+            self._step = res["step"]
+        return self._rest_of_changes(res, since_step)
+
+    def _rest_of_changes(self, first: dict[str, Any], since_step: int) -> dict[str, Any]:
+        """A `changes` answer with its further pages asked for."""
+        res = first
         changed = [as_ref(r) for r in res.get("changed", [])]
         # The daemon answers a page at a time, so no reply holds its loop long.
         while res.get("next"):
@@ -641,8 +710,12 @@ class Mount:
         if paths is not None:
             return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
                                     paths=self._rel_paths(paths), force=bool(force))
-        return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
-                                force=bool(force))
+        self._step = None  # back to the snapshot's (asked again if the answer lacks it)
+        res = self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
+                               force=bool(force))
+        if isinstance(res.get("step"), int):
+            self._step = res["step"]
+        return res
 
     def unevict(self, paths: Iterable[str | os.PathLike[str]] | str, *,
                 force: bool = False) -> dict[str, Any]:

@@ -1,31 +1,47 @@
-"""Runs: one run dir per graph thread, under one root, mounted on demand.
+"""Runs: every graph thread a directory of a few long-lived shard daemons, under one root.
 
     with mount_tool.runs("runs") as runs:              # or `async with`
         m = runs.get(thread_id)                          # that thread's Mount
         saver = VfsdCheckpointer(InMemorySaver(), runs)  # routes by thread_id
         backend = VfsdBackend(runs)                       # the same
 
-LangGraph serves many threads with one compiled graph and one checkpointer;
-vfsd's unit is the run dir. A `Runs` maps any thread id to its own run dir:
+LangGraph serves many threads with one compiled graph and one checkpointer. A
+`Runs` serves every thread from K shard daemons (`shards=K`, default: the
+number of CPUs): each is one FUSE mount over a store of its own, and a thread
+is a volume of one of them, seen as a directory of its mount. A new thread is
+a new volume (no process, no mount); an idle one costs nothing but its
+records. The layout:
 
-    ROOT/store/                  the store every thread shares (`--store`):
-                                 content is deduplicated across threads and a
-                                 copied thread shares its source's content
-    ROOT/threads/<name>/         one run dir per thread: fs/ (the mount), .vfsd/
-    ROOT/threads/<name>/thread.json   {"version": 1, "thread_id": ...}
+    ROOT/shards/<k>/                 a shard's run dir (`vfsd mount --shard`, with the
+                                     Runs' mount options): fs/ its mount, .vfsd/ its
+                                     store, socket and log
+    ROOT/shards/<k>/fs/t<hex>/       a thread's files (a volume of shard k)
+    ROOT/threads/t<hex>/thread.json  {"version": 2, "thread_id": ..., "shard": "k"}
+    ROOT/threads/t<hex>/.vfsd/       the thread's records (VfsdCheckpointer's)
+    ROOT/threads/t<hex>/fs           a link to ROOT/shards/<k>/fs/t<hex>
 
 A thread id is any string (a UUID, but also `../x`, 2,000 characters, control
-characters, the empty string): the directory name is `t` + 32 hex digits of its
-SHA-256, never the id itself, so no id can name a path outside ROOT; the id
-itself is kept in `thread.json`. A thread's run dir is created on its first
-use and found again afterwards, in this process or another.
+characters, the empty string): its names are `t` + 32 hex digits of its
+SHA-256, never the id itself, so no id can name a path outside ROOT; the id is
+kept in `thread.json` and by its volume, which refuses requests naming another
+id. A new thread goes to shard `hash % K`, and stays on the shard its record
+names: K may change between runs, and a copy lives on its source's shard (a
+copy shares its source's content, which only one store can do).
 
-Idle threads do not keep a daemon: at most `max_mounted` run dirs stay mounted;
-beyond that, the least recently used ones that nothing is using are unmounted in
-the background and mounted again (about one mount's time) on their next use.
-`use(thread_id)` holds a thread's mount for the length of a `with` block; the
-integrations (VfsdCheckpointer, VfsdBackend, VfsdMiddleware, offloading) hold it
-for each call they make, so a mount never goes away under a call.
+Shards are mounted on first use and stay mounted; `close()` (and leaving a
+`with` or `async with` block) unmounts them all and leaves no daemon behind.
+A shard daemon that dies (killed, out of memory) fails the calls in flight
+with an error naming the shard, and is started again on the next use (what
+was fsync'd or checkpointed is kept). `use(thread_id)` gives a thread's
+Mount (a `ThreadMount`: its root is the thread's directory; its control
+requests name its volume) for a `with` block; the integrations
+(VfsdCheckpointer, VfsdBackend, VfsdMiddleware, offloading) take one for each
+call they make. `max_mounted` and `idle_timeout`, which bounded the mounted
+run dirs of the earlier layout (a daemon per thread), are accepted and
+ignored: no thread holds a mount of its own.
+
+A root of that earlier layout (ROOT/store, run dirs under ROOT/threads) is
+served as is, from one more shard over its store (see mount_tool/legacy.py).
 """
 
 from __future__ import annotations
@@ -36,33 +52,50 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client import ControlClient
-from .errors import MountError, MountToolError
-from .mount import Mount, is_mounted
+from . import legacy
+from .errors import ControlError, MountError, MountToolError
+from .mount import Mount
+from .shards import Shard
+from .threadmount import ThreadMount
 
 logger = logging.getLogger(__name__)
 
 THREADS_DIR = "threads"
-STORE_DIR = "store"
+SHARDS_DIR = "shards"
 THREAD_RECORD = "thread.json"
+RECORD_VERSION = 2
 #: a thread id longer than this (in UTF-8 bytes) is refused
 MAX_THREAD_ID_BYTES = 64 * 1024
-DEFAULT_MAX_MOUNTED = 64
 #: the file bytes a thread's snapshots may record (`snapshot_keep_bytes`)
 DEFAULT_SNAPSHOT_BUDGET = 1 << 30
 #: seconds a thread copy may take (the daemon copies a batch per loop turn)
 COPY_TIMEOUT = 3600.0
-
-
+#: seconds a delete may take (dropping a long history)
+DROP_TIMEOUT = 600.0
+#: threads whose Mount this process keeps (more are opened again: no round trip)
+THREADS_KEPT = 4096
+#: seconds `close` waits for the calls in flight before unmounting under them
+CLOSE_GRACE_SECONDS = 5.0
+#: what a shard's name may be (a number, or the earlier layout's)
+_SHARD_NAME = re.compile(r"[0-9]{1,6}|" + legacy.LEGACY_SHARD)
+#: mount options a Runs decides itself
+_NOT_OPTIONS = {
+    "store": "each shard keeps its own store (ROOT/shards/<k>/.vfsd)",
+    "remote": "a shard has no remote tier yet: mount run dirs one at a time for --remote",
+    "remote_url": "a shard has no remote tier yet: mount run dirs one at a time for --remote",
+    "shard": "a Runs mounts its shards itself",
+}
 class ThreadIdError(MountToolError, ValueError):
     """A thread id that cannot name a thread (not a string, too long, none)."""
 
@@ -113,75 +146,91 @@ def current_config() -> Mapping[str, Any]:
     return get_config()
 
 
-@dataclass(eq=False)
-class _Entry:
-    """One thread's run dir and its mount, as this process holds it."""
+
+@dataclass(frozen=True)
+class ThreadRecord:
+    """What `ROOT/threads/t<hex>/thread.json` says: the thread's id, its shard
+    (None: a run dir of the earlier layout, version 1), and whether it is a
+    copy still being made (`copying`: its record is written first, so a copy
+    that dies half way leaves a thread that says so, which `delete` removes)."""
 
     thread_id: str
-    run_dir: Path
+    shard: str | None
+    copying: bool = False
+
+
+@dataclass(eq=False)
+class _Thread:
+    """One thread as this process holds it: its Mount once opened, and the
+    calls using it now."""
+
+    thread_id: str
+    name: str
     lock: threading.Lock = field(default_factory=threading.Lock)
-    mount: Mount | None = None
+    mount: ThreadMount | None = None
     leases: int = 0
-    last_used: float = 0.0
 
 
 class Runs:
-    """Maps graph threads to run dirs under `root`, mounting each on demand.
+    """Serves every graph thread from a few shard daemons under `root`.
 
-    `mount_options` are the options of every thread's mount, as for
-    `mount_tool.mount` (done_retention_steps=3, remote="s3://...", ...);
-    `store` defaults to ROOT/store, shared by every thread. At most
-    `max_mounted` run dirs stay mounted (0: no bound); the least recently
-    used idle ones are unmounted beyond that, and `idle_timeout` seconds
-    (None: never) unmounts any idle one. Closing the Runs unmounts every run
-    dir it holds; the files stay in ROOT for the next one.
+    `mount_options` are the shards' daemon options, as for `mount_tool.mount`
+    (done_retention_steps=3, quota_bytes="1G", ...); they apply to every
+    thread (a quota is per thread). `shards` is how many shard daemons new
+    threads spread over (default: the number of CPUs). `max_mounted` and
+    `idle_timeout` are accepted and ignored (see the module docstring).
+    Closing the Runs unmounts every shard; the files stay in ROOT for the
+    next one.
 
     Thread-safe: one Runs serves every thread of a graph, sync or async (the
-    integrations call it from worker threads, never on the event loop). Use one
-    Runs per ROOT at a time on a machine.
+    integrations call it from worker threads, never on the event loop). Use
+    one Runs per ROOT at a time on a machine.
     """
 
     def __init__(
         self,
         root: str | os.PathLike[str],
         *,
-        max_mounted: int = DEFAULT_MAX_MOUNTED,
+        shards: int | None = None,
+        max_mounted: int | None = None,
         idle_timeout: float | None = None,
         **mount_options: Any,
     ) -> None:
-        if isinstance(max_mounted, bool) or not isinstance(max_mounted, int) or max_mounted < 0:
-            raise ValueError(f"max_mounted must be an integer >= 0, not {max_mounted!r}")
-        if idle_timeout is not None and (
-                isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int | float)
-                or idle_timeout <= 0):
-            raise ValueError(f"idle_timeout must be a positive number of seconds or None, "
-                             f"not {idle_timeout!r}")
-        self.root = Path(os.path.abspath(root))
+        del max_mounted, idle_timeout  # no thread holds a mount of its own any more
+        if shards is None:
+            shards = os.cpu_count() or 1
+        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 4096:
+            raise ValueError(f"shards must be an integer from 1 to 4096, not {shards!r}")
+        for key, why in _NOT_OPTIONS.items():
+            if mount_options.get(key) not in (None, False):
+                raise ValueError(f"{key}= is not an option of a Runs: {why}")
+        self.root = Path(os.path.realpath(root))
         self.threads_dir = self.root / THREADS_DIR
+        self.shards_dir = self.root / SHARDS_DIR
+        self.shard_count = shards
         options = dict(mount_options)
-        options.setdefault("store", self.root / STORE_DIR)
         # Snapshots live as long as the checkpoints that name them (the
         # VfsdCheckpointer releases them), within a byte budget per thread.
         options.setdefault("snapshot_keep_last", 0)
         options.setdefault("snapshot_keep_steps", 0)
         options.setdefault("snapshot_keep_bytes", DEFAULT_SNAPSHOT_BUDGET)
         self.mount_options = options
-        self.max_mounted = max_mounted
-        self.idle_timeout = None if idle_timeout is None else float(idle_timeout)
         self._lock = threading.Lock()
-        self._entries: dict[str, _Entry] = {}
-        self._wake = threading.Condition(self._lock)
-        self._reaper: threading.Thread | None = None
+        self._threads: OrderedDict[str, _Thread] = OrderedDict()
+        self._shards: dict[str, Shard] = {}
         self._closed = False
-        self.counts = {"mounts": 0, "unmounts": 0, "unmount_failures": 0}
+        # A Runs dropped without close still unmounts what it mounted (at
+        # exit, or when collected); never from a forked child.
+        self._finalizer = weakref.finalize(self, _close_shards, self._shards, os.getpid())
 
     def __repr__(self) -> str:
-        return f"Runs({str(self.root)!r}, mounted={len(self.mounted())})"
+        return f"Runs({str(self.root)!r}, shards={self.shard_count})"
 
     # -- naming ---------------------------------------------------------------
 
     def run_dir(self, thread_id: Any) -> Path:
-        """Where the thread's files live (nothing is created or mounted)."""
+        """The thread's directory of records under ROOT/threads (its `fs`
+        leads to its files; nothing is created or mounted)."""
         return self.threads_dir / thread_dir_name(thread_id)
 
     def thread_of(self, config: Mapping[str, Any] | None = None) -> str:
@@ -189,200 +238,142 @@ class Runs:
         return thread_of(config if config is not None else current_config())
 
     def threads(self) -> list[str]:
-        """Every thread that has a run dir under ROOT (from their records)."""
+        """Every thread that has files under ROOT (from their records; one
+        that cannot be read is left out, and said in the log)."""
         out = []
         try:
             names = sorted(os.listdir(self.threads_dir))
         except FileNotFoundError:
             return []
         for name in names:
-            recorded = _read_record(self.threads_dir / name)
-            if recorded is not None:
-                out.append(recorded)
+            try:
+                record = read_record(self.threads_dir / name)
+            except MountToolError as exc:
+                logger.warning("vfsd: %s", exc)
+                continue
+            if record is not None:
+                out.append(record.thread_id)
         return out
 
     def exists(self, thread_id: Any) -> bool:
-        """Whether the thread has a run dir (it has been used)."""
+        """Whether the thread has files (it has been used)."""
         return (self.run_dir(thread_id) / THREAD_RECORD).exists()
 
-    # -- mounting -----------------------------------------------------------
+    def shard_for(self, name: str) -> str:
+        """The shard a new thread named `name` (t<hex>) goes to."""
+        return str(int(name[1:9], 16) % self.shard_count)
 
-    def get(self, thread_id: Any) -> Mount:
-        """The thread's Mount, mounted (and its run dir created) if need be.
+    def shard(self, name: str) -> Shard:
+        """The shard `name` ("0", "1", ... or "legacy"), not started yet."""
+        with self._lock:
+            found = self._shards.get(name)
+            if found is None:
+                if self._closed:
+                    raise MountToolError(f"{self!r} is closed")
+                store = self.root / legacy.LEGACY_STORE if name == legacy.LEGACY_SHARD else None
+                found = self._shards[name] = Shard(name, self.shards_dir / name,
+                                                   self.mount_options, store=store)
+            return found
 
-        Without a `use` block around its use, an idle mount may be unmounted
-        by the bound on mounted run dirs: prefer `use` in code that runs
-        alongside other threads."""
+    def shards(self) -> list[dict[str, Any]]:
+        """The shards this Runs has used: {"name", "pid", "alive", "starts"}."""
+        with self._lock:
+            shards = list(self._shards.values())
+        return [{"name": s.name, "pid": s.pid, "alive": s.alive(), "starts": s.starts}
+                for s in shards]
+
+    # -- using a thread --------------------------------------------------------
+
+    def get(self, thread_id: Any) -> ThreadMount:
+        """The thread's Mount (its files made on first use)."""
         with self.use(thread_id) as m:
             return m
 
     @contextlib.contextmanager
-    def use(self, thread_id: Any, *, hooks: bool = True) -> Iterator[Mount]:
-        """`with runs.use(thread_id) as m:` the thread's Mount, kept mounted
-        until the block ends. (`hooks=False`: without the use hooks, for
-        VfsdCheckpointer's own calls.)"""
+    def use(self, thread_id: Any, *, hooks: bool = True) -> Iterator[ThreadMount]:
+        """`with runs.use(thread_id) as m:` the thread's Mount, its shard up,
+        for the block (a delete waits for no block, it refuses one). (`hooks=False`:
+        without the use hooks, for VfsdCheckpointer's own calls.)"""
         thread_id = thread_key(thread_id)
-        while True:
-            entry = self._entry(thread_id)
-            with entry.lock:
-                with self._lock:
-                    # Released and forgotten while this call waited for the lock?
-                    current = self._entries.get(entry.run_dir.name) is entry
-                if not current:
-                    continue
-                m = self._mounted(entry)
-                with self._lock:
-                    entry.leases += 1
-                break
+        entry = self._held(thread_id)
         try:
+            m = entry.mount
+            assert m is not None
+            m.shard.ensure()  # started again if its daemon died since
             if hooks:
-                _run_hooks(self, entry.thread_id, m)
+                _run_hooks(self, thread_id, m)
             yield m
         finally:
             with self._lock:
                 entry.leases -= 1
-                entry.last_used = time.monotonic()
-                self._wake.notify()
 
-    def current(self) -> Mount:
+    def current(self) -> ThreadMount:
         """The Mount of the running node's thread (inside a LangGraph run)."""
         return self.get(self.thread_of())
 
-    def mounted(self) -> list[str]:
-        """Thread ids whose run dirs this Runs holds mounted now."""
-        with self._lock:
-            return [e.thread_id for e in self._entries.values() if e.mount is not None]
-
-    def _entry(self, thread_id: str) -> _Entry:
-        if self._closed:
-            raise MountToolError(f"{self!r} is closed")
+    def _held(self, thread_id: str) -> _Thread:
+        """The thread's entry with its Mount open, counted as in use."""
         name = thread_dir_name(thread_id)
         with self._lock:
-            entry = self._entries.get(name)
+            if self._closed:
+                raise MountToolError(f"{self!r} is closed")
+            entry = self._threads.get(name)
             if entry is None:
-                entry = self._entries[name] = _Entry(thread_id, self.threads_dir / name)
-            return entry
-
-    def _mounted(self, entry: _Entry) -> Mount:
-        """The entry's live mount (entry.lock held)."""
-        m = entry.mount
-        if m is not None:
-            if m.is_mounted():
-                return m
-            entry.mount = None  # unmounted behind our back (a crash, `vfsd umount`)
-        self._claim_dir(entry)
-        self._make_room()
-        m = Mount.start(entry.run_dir, **self.mount_options)
-        m.started = True  # a Runs owns every mount under its root
-        with self._lock:
-            entry.mount = m
-            self.counts["mounts"] += 1
-        self._start_reaper()
-        return m
-
-    def _claim_dir(self, entry: _Entry) -> None:
-        """Create the run dir with its record, or check the record names this thread."""
-        recorded = _read_record(entry.run_dir)
-        if recorded is not None:
-            if recorded != entry.thread_id:
-                raise MountToolError(
-                    f"{entry.run_dir} records thread {recorded!r:.200}, not {entry.thread_id!r:.200} "
-                    "(two ids with one hash, or a run dir edited by hand): refusing to mix them")
-            return
-        entry.run_dir.mkdir(parents=True, exist_ok=True)
-        path = entry.run_dir / THREAD_RECORD
-        tmp = path.with_name(f".{THREAD_RECORD}.{os.getpid()}.{threading.get_ident()}")
-        # The owner's only: with --allow-other other users may reach the run dir.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"version": 1, "thread_id": entry.thread_id}))
-        os.replace(tmp, path)
-
-    # -- idle run dirs ---------------------------------------------------------
-
-    def _make_room(self) -> None:
-        """Before a mount: unmount idle run dirs, least recently used first, so
-        that one more stays within `max_mounted`, here in the thread that needs
-        the place. The reaper alone unmounts one at a time and falls behind
-        threads that arrive faster (273 daemons for a bound of 64 in
-        threads_bench); callers racing here release different run dirs."""
-        if not self.max_mounted:
-            return
-        with self._lock:
-            idle, over = self._idle_and_over(extra=1)
-        for entry in idle:
-            if over <= 0:
-                break
-            if self.release(entry):  # False: in use again, busy, or another caller's
-                over -= 1
-
-    def _idle_and_over(self, extra: int = 0) -> tuple[list[_Entry], int]:
-        """Idle mounted entries, least recently used first, and how many
-        mounted run dirs (with `extra` more) exceed the bound (self._lock held)."""
-        idle = sorted((e for e in self._entries.values() if e.mount is not None and not e.leases),
-                      key=lambda e: e.last_used)
-        mounted = sum(1 for e in self._entries.values() if e.mount is not None)
-        return idle, max(0, mounted + extra - self.max_mounted) if self.max_mounted else 0
-
-    def _start_reaper(self) -> None:
-        with self._lock:
-            if self._reaper is None and (self.max_mounted or self.idle_timeout):
-                self._reaper = threading.Thread(target=self._reap_loop, name="vfsd-runs-reaper",
-                                                daemon=True)
-                self._reaper.start()
-            self._wake.notify()
-
-    def _reap_loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._closed and not self._candidates():
-                    self._wake.wait(timeout=self._wait_time())
-                if self._closed:
-                    return
-                candidates = self._candidates()
-            for entry in candidates:
-                self.release(entry)
-
-    def _wait_time(self) -> float | None:
-        return None if self.idle_timeout is None else max(0.5, self.idle_timeout / 4)
-
-    def _candidates(self) -> list[_Entry]:
-        """Idle mounted entries to unmount now, least recently used first (self._lock held)."""
-        idle, over = self._idle_and_over()
-        chosen = idle[:over]
-        if self.idle_timeout is not None:
-            cutoff = time.monotonic() - self.idle_timeout
-            chosen += [e for e in idle[over:] if e.last_used < cutoff]
-        return chosen
-
-    def release(self, which: Any) -> bool:
-        """Unmount a thread's run dir now if nothing uses it (its files stay);
-        True if it was unmounted. `which` is a thread id."""
-        entry = which if isinstance(which, _Entry) else self._entries.get(
-            thread_dir_name(which))
-        if entry is None or not entry.lock.acquire(blocking=False):
-            return False
+                entry = self._threads[name] = _Thread(thread_id, name)
+                self._trim()
+            else:
+                self._threads.move_to_end(name)
+            if entry.thread_id != thread_id:
+                raise _mixed(self.run_dir(thread_id), entry.thread_id, thread_id)
+            entry.leases += 1
+            if entry.mount is not None:
+                return entry
         try:
+            with entry.lock:
+                if entry.mount is None:
+                    entry.mount = self._open(thread_id, name)
+        except BaseException:
             with self._lock:
-                m = entry.mount
-                if m is None or entry.leases:
-                    return False
-            try:
-                m.unmount()
-            except MountError as exc:  # busy: a shell still has a file open there
-                with self._lock:
-                    self.counts["unmount_failures"] += 1
-                    entry.last_used = time.monotonic()
-                logger.info("vfsd: %s stays mounted: %s", entry.run_dir, exc)
-                return False
-            with self._lock:
-                entry.mount = None
-                self.counts["unmounts"] += 1
-                if not entry.leases:
-                    self._entries.pop(entry.run_dir.name, None)
-            return True
-        finally:
-            entry.lock.release()
+                entry.leases -= 1
+            raise
+        return entry
+
+    def _trim(self) -> None:
+        """Forget the least recently used idle threads beyond THREADS_KEPT (self._lock held)."""
+        excess = len(self._threads) - THREADS_KEPT
+        for name in list(self._threads):
+            if excess <= 0:
+                return
+            if not self._threads[name].leases:
+                del self._threads[name]
+                excess -= 1
+
+    def _open(self, thread_id: str, name: str) -> ThreadMount:
+        """The thread's Mount: its record made (a new thread) or checked, its
+        volume made on its shard if need be, its links in place."""
+        run_dir = self.threads_dir / name
+        record = read_record(run_dir)
+        if record is None:
+            record = ThreadRecord(thread_id, self.shard_for(name))
+            write_record(run_dir, record)
+        elif record.thread_id != thread_id:
+            raise _mixed(run_dir, record.thread_id, thread_id)
+        if record.copying:
+            raise MountToolError(
+                f"thread {thread_id!r:.200} is a copy that did not finish ({run_dir}): "
+                "delete it (Runs.delete, or the checkpointer's delete_thread) and copy again")
+        if record.shard is None:  # a run dir of the earlier layout
+            record = ThreadRecord(thread_id, legacy.adopt(self, run_dir, name, thread_id))
+            write_record(run_dir, record)
+        shard = self.shard(record.shard)
+        try:
+            shard.call("volume_create", volume=name, thread=thread_id)
+        except ControlError as exc:
+            if exc.code == "wrong_thread":
+                raise MountToolError(f"{run_dir}: {exc.message}") from None
+            raise
+        _link(run_dir, shard, name)
+        return ThreadMount(shard, name, thread_id, run_dir)
 
     # -- thread lifecycle ------------------------------------------------------
 
@@ -391,86 +382,104 @@ class Runs:
         return None
 
     def delete(self, thread_id: Any) -> bool:
-        """Delete the thread's files, snapshots and run dir (unmounting it
-        first); content other threads share stays in the store. False when
-        the thread had no run dir. MountError if a program still holds a file
-        of it open."""
+        """Delete the thread's files and snapshots (its volume leaves its
+        shard; content other threads share stays) and its records under
+        ROOT/threads. False when the thread has no files. MountError naming
+        them while programs hold a file of it open; MountToolError for a call
+        using it now, and for a directory whose record is missing, unreadable
+        or names another thread (never deleted)."""
         thread_id = thread_key(thread_id)
-        entry = self._entry(thread_id)
-        with entry.lock:
-            with self._lock:
-                if entry.leases:
-                    raise MountToolError(f"thread {thread_id!r:.200} is in use: its files cannot "
-                                         "be deleted under a running call")
-            if entry.mount is not None or is_mounted(entry.run_dir / "fs"):
-                m = entry.mount or Mount(entry.run_dir)
-                m.unmount()
-                with self._lock:
-                    entry.mount = None
-                    self.counts["unmounts"] += 1
-            recorded = _read_record(entry.run_dir) if entry.run_dir.exists() else None
-            if recorded is None:
-                return False
-            if recorded != thread_id:
-                raise MountToolError(f"{entry.run_dir} records thread {recorded!r:.200}, not "
-                                     f"{thread_id!r:.200}: not deleting it")
-            _vfsd_cli("drop", str(entry.run_dir))
-            with self._lock:
-                self._entries.pop(entry.run_dir.name, None)
+        name = thread_dir_name(thread_id)
+        run_dir = self.threads_dir / name
+        with self._lock:
+            entry = self._threads.get(name)
+            if entry is not None and entry.leases:
+                raise MountToolError(f"thread {thread_id!r:.200} is in use: its files cannot "
+                                     "be deleted under a running call")
+            self._threads.pop(name, None)
+        if not os.path.lexists(run_dir):
+            return False
+        record = read_record(run_dir)
+        if record is None:
+            raise MountToolError(f"{run_dir} holds no {THREAD_RECORD}: it is not a thread a "
+                                 "Runs made (or its record was lost); not deleting it")
+        if record.thread_id != thread_id:
+            raise MountToolError(f"{run_dir} records thread {record.thread_id!r:.200}, not "
+                                 f"{thread_id!r:.200}: not deleting it")
+        if record.shard is None:
+            record = ThreadRecord(thread_id, legacy.adopt(self, run_dir, name, thread_id))
+            write_record(run_dir, record)
+        shard = self.shard(record.shard)
+        try:
+            shard.long_call("volume_drop", DROP_TIMEOUT, volume=name, thread=thread_id)
+        except ControlError as exc:
+            if exc.code == "busy":
+                raise MountError(f"thread {thread_id!r:.200}: {exc.message}") from None
+            raise
+        _remove_thread_dir(run_dir)
         return True
 
-    def copy(self, source: Any, target: Any) -> Mount | None:
+    def copy(self, source: Any, target: Any) -> ThreadMount | None:
         """Give thread `target` a copy of `source`'s files with every snapshot
-        (same ids; content shared, not copied); None when the source has no
-        files. The target must not have a run dir yet."""
+        (same ids; content shared, not copied) on the source's shard, and the
+        source's checkpoint record; None when the source has no files. The
+        target must have none yet, and nothing is deleted that this call did
+        not make: a directory or a volume already there for the target is
+        refused with the way out."""
         source, target = thread_key(source), thread_key(target)
         if source == target:
             raise ValueError("a thread cannot be copied onto itself")
         if not self.exists(source):
             return None
         target_dir = self.run_dir(target)
-        if self.exists(target):
+        record = read_record(target_dir) if os.path.lexists(target_dir) else None
+        if record is not None and record.copying:
+            raise MountToolError(
+                f"thread {target!r:.200} is a copy that did not finish ({target_dir}): "
+                "delete it (Runs.delete, or the checkpointer's delete_thread) and copy again")
+        if record is not None:
             raise MountToolError(f"thread {target!r:.200} already has files ({target_dir}): "
                                  "copy into a new thread")
+        if os.path.lexists(target_dir):
+            raise MountToolError(
+                f"{target_dir} exists but has no {THREAD_RECORD}, so it is no thread this "
+                f"Runs knows (a thread whose record was lost, or something else); nothing "
+                f"was changed. Restore its {THREAD_RECORD}, or move it away, and copy again")
+        name = target_dir.name
         with self.use(source, hooks=False) as m:
-            target_entry = self._entry(target)
-            with target_entry.lock:
-                if target_dir.exists() and not (target_dir / THREAD_RECORD).exists():
-                    # Never removed here: it may be a thread that lost its record
-                    # as well as a copy that died half way (a copy deletes nothing
-                    # it did not make in this call).
+            write_record(target_dir, ThreadRecord(target, m.shard.name, copying=True))
+            try:
+                # A connection of its own: a long history may outlast the pool's timeout.
+                m.client.long_call("volume_copy", COPY_TIMEOUT, target=name,
+                                   target_thread=target)
+            except ControlError as exc:
+                _remove_thread_dir(target_dir)  # the record this call wrote, and nothing else
+                if "exists" in exc.message:
                     raise MountToolError(
-                        f"{target_dir} exists but has no {THREAD_RECORD}, so it is no "
-                        f"thread this Runs knows (a thread whose record was lost, or a "
-                        f"copy that died half way); nothing was changed. Restore its "
-                        f"{THREAD_RECORD}, or move the directory away, and copy again")
-                # A connection of its own: a long history may outlast the shared
-                # client's timeout.
-                with ControlClient(m.client.socket_path, timeout=COPY_TIMEOUT) as c:
-                    c.call("copy", run_dir=str(target_dir))
-                _copy_checkpoint_record(m.state_dir, target_dir / ".vfsd", target)
-                self._claim_dir(target_entry)
+                        f"{m.shard.shown} holds a volume for thread {target!r:.200} already "
+                        f"({name}) that no record names (a copy that died half way, in a "
+                        "version that wrote the record last); nothing was changed: drop it "
+                        f"(the shard's control op volume_drop) and copy again") from None
+                raise
+            _copy_checkpoint_record(m.state_dir, target_dir / ".vfsd", target)
+            write_record(target_dir, ThreadRecord(target, m.shard.name))
         return self.get(target)
 
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Unmount every run dir this Runs holds (waiting for any in use)."""
+        """Unmount every shard and wait for its daemon to exit (the calls in
+        flight get CLOSE_GRACE_SECONDS to end; a shard still busy after that
+        is detached lazily and its daemon stopped)."""
         with self._lock:
             self._closed = True
-            self._wake.notify_all()
-            entries = list(self._entries.values())
-        errors = []
-        for entry in entries:
-            with entry.lock:
-                m, entry.mount = entry.mount, None
-            if m is not None:
-                try:
-                    m.unmount()
-                except MountError as exc:
-                    errors.append(str(exc))
-        if self._reaper is not None:
-            self._reaper.join(timeout=30)
+        deadline = time.monotonic() + CLOSE_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(e.leases for e in self._threads.values()):
+                    break
+            time.sleep(0.05)
+        errors = self._finalizer() or []
         if errors:
             raise MountError("; ".join(errors))
 
@@ -487,28 +496,132 @@ class Runs:
         await asyncio.to_thread(self.close)
 
 
-def _read_record(run_dir: Path) -> str | None:
-    """The thread id a run dir records, None when it has no record yet."""
+def _close_shards(shards: dict[str, Shard], pid: int) -> list[str]:
+    """Close every shard at once (each waits for its daemon); the errors.
+    (Also the Runs' finalizer: at exit, one after another.)"""
+    if os.getpid() != pid or not shards:
+        return []
+    errors: list[str] = []
+
+    def close(shard: Shard) -> None:
+        try:
+            shard.close()
+        except MountError as exc:
+            errors.append(f"{shard.shown}: {exc}")
+
+    workers = [threading.Thread(target=close, args=(s,), name=f"vfsd-close-{s.name}")
+               for s in list(shards.values())]
     try:
-        doc = json.loads((run_dir / THREAD_RECORD).read_text())
+        for w in workers:
+            w.start()
+    except RuntimeError:  # interpreter shutdown: no new threads
+        workers = [w for w in workers if w.ident is not None]
+        for shard in list(shards.values())[len(workers):]:
+            close(shard)
+    for w in workers:
+        w.join()
+    return errors
+
+
+def _mixed(run_dir: Path, recorded: str, asked: str) -> MountToolError:
+    return MountToolError(
+        f"{run_dir} records thread {recorded!r:.200}, not {asked!r:.200} (two ids with one "
+        "hash, or a record edited by hand): refusing to mix them")
+
+
+def read_record(run_dir: Path) -> ThreadRecord | None:
+    """What a thread's record says, None when it has none yet."""
+    path = run_dir / THREAD_RECORD
+    try:
+        doc = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise MountToolError(f"{run_dir / THREAD_RECORD} is unreadable ({exc}): it names the "
-                             "thread whose files are there; fix or remove it") from exc
+        raise MountToolError(f"{path} is unreadable ({exc}): it names the thread whose "
+                             "files are there; fix or remove it") from exc
     thread = doc.get("thread_id") if isinstance(doc, dict) else None
     if not isinstance(thread, str):
-        raise MountToolError(f"{run_dir / THREAD_RECORD} names no thread")
-    return thread
+        raise MountToolError(f"{path} names no thread")
+    if doc.get("version", 1) == 1:
+        return ThreadRecord(thread, None)
+    shard = doc.get("shard")
+    if not isinstance(shard, str) or not _SHARD_NAME.fullmatch(shard):
+        raise MountToolError(f"{path} names no shard ({shard!r:.80}): fix or remove it")
+    return ThreadRecord(thread, shard, copying=doc.get("copying") is True)
 
 
-def _vfsd_cli(*args: str) -> None:
-    from .mount import _run_vfsd
+def write_record(run_dir: Path, record: ThreadRecord) -> None:
+    """Write a thread's record (temporary file, then rename)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / THREAD_RECORD
+    tmp = path.with_name(f".{THREAD_RECORD}.{os.getpid()}.{threading.get_ident()}")
+    doc = {"version": RECORD_VERSION, "thread_id": record.thread_id, "shard": record.shard}
+    if record.copying:
+        doc["copying"] = True
+    # The owner's only: with --allow-other other users may reach the thread's directory.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc))
+    os.replace(tmp, path)
 
-    proc = _run_vfsd(*args)
-    if proc.returncode != 0:
-        raise MountError(f"vfsd {' '.join(args)} exited {proc.returncode}: "
-                         f"{(proc.stderr or proc.stdout).strip()}")
+
+def _link(run_dir: Path, shard: Shard, name: str) -> None:
+    """The thread's record directory (.vfsd/) and its `fs` link to its files."""
+    (run_dir / ".vfsd").mkdir(mode=0o700, exist_ok=True)
+    fs = run_dir / "fs"
+    target = os.path.join("..", "..", SHARDS_DIR, shard.name, "fs", name)
+    try:
+        if os.readlink(fs) == target:
+            return
+    except FileNotFoundError:
+        pass
+    except OSError:  # not a link: something else took the name
+        logger.warning("vfsd: %s is not a link to the thread's files (%s): left as it is",
+                       fs, shard.mountpoint / name)
+        return
+    tmp = run_dir / f".fs.{os.getpid()}.{threading.get_ident()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, fs)
+
+
+#: what a thread's directory holds that a Runs (or the earlier layout's daemon) made
+_OWN_FILES = ("thread.json", "fs")
+_OWN_STATE = ("langgraph.json", "langgraph.position", "store.json", "store.json.adopted",
+              "vfsd.log", "vfsd.log.1", "vfsd.pid", "vfsd.sock", "accesslog")
+
+
+def _remove_thread_dir(run_dir: Path) -> None:
+    """Remove what a thread's directory holds of ours; anything else stays
+    (and then the directory too, said in the log)."""
+    state = run_dir / ".vfsd"
+    for path in [*(run_dir / n for n in _OWN_FILES), *(state / n for n in _OWN_STATE)]:
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_dir() and not path.is_symlink():
+                os.rmdir(path)  # the earlier layout's mountpoint: empty
+            else:
+                path.unlink()
+    for directory in (run_dir, state):
+        for leftover in _listdir(directory):
+            if leftover.startswith((".thread.json.", ".langgraph.json.", ".fs.")):
+                with contextlib.suppress(OSError):
+                    (directory / leftover).unlink()
+    for directory in (state, run_dir):
+        try:
+            os.rmdir(directory)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            logger.warning("vfsd: %s holds files no Runs made (%s): left there", directory,
+                           ", ".join(sorted(_listdir(directory))[:5]))
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _copy_checkpoint_record(source_state: Path, target_state: Path, target: str) -> None:
@@ -523,15 +636,15 @@ def _copy_checkpoint_record(source_state: Path, target_state: Path, target: str)
         doc = {}
     pins = doc.get("pins") if isinstance(doc, dict) else None
     out = {"version": 1, "thread": target, "pins": pins if isinstance(pins, dict) else {}}
-    target_state.mkdir(parents=True, exist_ok=True)
+    target_state.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = target_state / f".{RECORD_NAME}.tmp"
     tmp.write_text(json.dumps(out, indent=1))
     os.replace(tmp, target_state / RECORD_NAME)
 
 
 def runs(root: str | os.PathLike[str], **options: Any) -> Runs:
-    """A `Runs` on `root`: one run dir per graph thread, mounted on demand
-    (a context manager, sync or async). Options as for `Runs`."""
+    """A `Runs` on `root`: every graph thread a directory of a few shard
+    daemons (a context manager, sync or async). Options as for `Runs`."""
     return Runs(root, **options)
 
 

@@ -371,6 +371,23 @@ def test_oversized_line_gets_too_large_and_a_closed_connection(run) -> None:
             assert reply["ok"] is True
 
 
+def test_set_step_expecting_a_step_refuses_one_that_moved(run) -> None:
+    """`expect`: a client advancing the step it last saw (one round trip with
+    the changes, in a batch) learns that it moved meanwhile; nothing changes."""
+    with connect(run.run_dir) as c:
+        c.call("set_step", step=3)
+        err = c.error("set_step", step=3, expect=2)
+        assert err["code"] == "step_moved" and "is 3, not 2" in err["message"]
+        assert c.call("get_step") == {"step": 3}
+        assert c.call("set_step", step=4, expect=3)["step"] == 4
+        res = c.call("batch", stop_on_error=True, requests=[
+            {"op": "changes", "since": 9}, {"op": "set_step", "step": 10, "expect": 9}])
+        assert [r["ok"] for r in res["results"]] == [True, False]
+        assert res["results"][1]["error"]["code"] == "step_moved"
+        assert c.call("get_step") == {"step": 4}
+        assert c.error("set_step", step=5, expect="4")["code"] == "bad_request"
+
+
 def test_wrong_argument_types(run) -> None:
     with survivors(run), connect(run.run_dir) as c:
         for step in ("5", True, False, -1, 1.5, None, [3], {"n": 3}):

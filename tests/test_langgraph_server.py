@@ -6,12 +6,16 @@ that blocks its event loop), with the example's `langgraph.json`: its graph
 (a Deep Agents agent on a Runs) and its custom checkpointer (VfsdCheckpointer
 over InMemorySaver). Threads are created, run at once, replayed from an old
 checkpoint, copied and deleted through the server's API; their files are
-looked at in their run dirs, where the server's daemons mount them.
+looked at where the server's shard daemons serve them (`ROOT/threads/t<hex>/fs`
+leads there). A server of its own runs 60 threads at once (200 with
+VFSD_LONG=1), two turns each, then gets SIGTERM: it must leave no mount and no
+daemon behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -24,7 +28,7 @@ import pytest
 
 pytest.importorskip("langgraph_sdk")
 
-from conftest import is_mounted, tree  # noqa: E402
+from conftest import daemons_under, mounts_under, tree  # noqa: E402
 
 from mount_tool.runs import thread_dir_name  # noqa: E402
 
@@ -32,6 +36,11 @@ pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "langgraph-server"
 BLOCKING = ("BlockingError", "synchronous blocking call")
+LONG = bool(os.environ.get("VFSD_LONG"))
+#: threads run at once by test_many_threads_at_once_then_sigterm
+AT_ONCE = 200 if LONG else 60
+#: seconds a server has after SIGTERM to be gone with its shards
+SIGTERM_WITHIN = 30.0
 
 
 def free_port() -> int:
@@ -40,37 +49,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """(url, runs root, log path) of a `langgraph dev` serving the example."""
-    work = tmp_path_factory.mktemp("server")
+@contextlib.contextmanager
+def langgraph_dev(work: Path, *extra: str, **env_extra: str):
+    """A `langgraph dev` serving a copy of the example from `work`: yields
+    (url, runs root, log path, process); stopped with SIGTERM on the way out
+    (killed, and its shards lazily unmounted, if it does not go)."""
     app = work / "app"
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", ".langgraph_api"))
     root = work / "runs"
     port = free_port()
     log = work / "server.log"
     env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false",
-           "VFSD_RUNS": str(root), "VFSD_MAX_MOUNTED": "4"}
+           "VFSD_RUNS": str(root), **env_extra}
     langgraph = Path(sys.executable).parent / "langgraph"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [str(langgraph), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
-             "--port", str(port), "--config", str(app / "langgraph.json")],
+             "--port", str(port), "--config", str(app / "langgraph.json"), *extra],
             cwd=app, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log)
-        yield url, root, log
+        yield url, root, log, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        # The server unmounts its run dirs on the way out; a killed one would not.
-        for fs in root.glob("threads/*/fs"):
-            subprocess.run(["fusermount3", "-u", "-z", str(fs)], capture_output=True)
+        stop_server(proc)
+        # The server unmounts its shards on the way out; a killed one would not.
+        for fs in mounts_under(root):
+            subprocess.run(["fusermount3", "-u", "-z", fs], capture_output=True)
+
+
+def stop_server(proc: subprocess.Popen, within: float = 60.0) -> float | None:
+    """SIGTERM, as a supervisor stops a server: seconds until it exited (None:
+    it did not within `within`, and was killed)."""
+    if proc.poll() is not None:
+        return 0.0
+    t0 = time.monotonic()
+    proc.terminate()
+    try:
+        proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+    return time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(url, runs root, log path) of a `langgraph dev` serving the example."""
+    with langgraph_dev(tmp_path_factory.mktemp("server")) as (url, root, log, _proc):
+        yield url, root, log
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
@@ -122,12 +150,11 @@ def test_threads_through_the_server(server):
         return thread
 
     async def scenario() -> None:
-        ns = list(range(6))  # more threads than the 4 the server keeps mounted
+        ns = list(range(6))
         threads = await asyncio.gather(*(first_run(n) for n in ns))
         for n, thread in zip(ns, threads, strict=True):
-            if is_mounted(root / "threads" / thread_dir_name(thread) / "fs"):
-                assert files_of(root, thread) == job_files(n)
-        # Every thread's files, through its next turn (an idle one mounted again).
+            assert files_of(root, thread) == job_files(n)
+        # Every thread's files, through its next turn.
         again = await asyncio.gather(*(client.runs.wait(t, "agent", input=user("again"))
                                        for t in threads))
         for n, out in zip(ns, again, strict=True):
@@ -137,7 +164,7 @@ def test_threads_through_the_server(server):
         # A run from an old checkpoint gets that checkpoint's files back: the
         # one after write_file, before execute made out.txt (and a stray file).
         thread, n = threads[0], ns[0]
-        await client.runs.wait(thread, "agent", input=user("again"))  # the newest used: mounted
+        await client.runs.wait(thread, "agent", input=user("again"))
         work = root / "threads" / thread_dir_name(thread) / "fs" / "work"
         (work / "stray.txt").write_text("not in any checkpoint")
         history = await client.threads.get_history(thread, limit=100)
@@ -171,10 +198,48 @@ def test_threads_through_the_server(server):
         assert not (root / "threads" / thread_dir_name(thread)).exists()
         assert files_of(root, copy_id) == job_files(n)
         for n, other in zip(ns[1:], threads[1:], strict=True):  # the others, untouched
-            if is_mounted(root / "threads" / thread_dir_name(other) / "fs"):
-                assert files_of(root, other) == job_files(n)
+            assert files_of(root, other) == job_files(n)
 
     asyncio.run(scenario())
+    text = log.read_text(errors="replace")
+    assert not any(b in text for b in BLOCKING), [ln for ln in text.splitlines()
+                                                   if any(b in ln for b in BLOCKING)][:5]
+
+
+def test_many_threads_at_once_then_sigterm(tmp_path):
+    """AT_ONCE threads run at once on one server (as many jobs as threads),
+    two turns each (write a script and run it; then list and read back what it
+    wrote): no run fails, every thread's files are its own, exactly. SIGTERM
+    then stops the server, and its shards with it: no mount, no daemon."""
+    from langgraph_sdk import get_client
+
+    with langgraph_dev(tmp_path, "--n-jobs-per-worker", str(AT_ONCE)) as (url, root, log, proc):
+        client = get_client(url=url, timeout=600)
+
+        async def two_turns(n: int) -> tuple[str, list[str]]:
+            thread = (await client.threads.create())["thread_id"]
+            out = await client.runs.wait(thread, "agent", input=user(f"task {n}"))
+            again = await client.runs.wait(thread, "agent", input=user("again"))
+            statuses = [r["status"] for r in await client.runs.list(thread)]
+            assert out["messages"][-1]["content"] == f"task {n}: done", (n, out)
+            listing = [m for m in again["messages"] if m["type"] == "tool"][-1]["content"]
+            assert listing.startswith(f"job.py\nout.txt\njob of task {n}\n"), (n, listing)
+            return thread, statuses
+
+        async def everything() -> list[tuple[str, list[str]]]:
+            return await asyncio.gather(*(two_turns(n) for n in range(AT_ONCE)))
+
+        done = asyncio.run(everything())
+        failed = [(t, s) for t, s in done if s != ["success", "success"]]
+        assert failed == [], failed[:5]
+        for n, (thread, _) in enumerate(done):
+            assert files_of(root, thread) == job_files(n), n
+        assert mounts_under(root) != [] and daemons_under(root) != []
+        took = stop_server(proc, within=SIGTERM_WITHIN)
+        assert took is not None, f"langgraph dev was still running {SIGTERM_WITHIN:g} s after SIGTERM"
+        # What the server left, once it is gone: nothing.
+        assert mounts_under(root) == [] and daemons_under(root) == [], \
+            (mounts_under(root), daemons_under(root), log.read_text(errors="replace")[-3000:])
     text = log.read_text(errors="replace")
     assert not any(b in text for b in BLOCKING), [ln for ln in text.splitlines()
                                                    if any(b in ln for b in BLOCKING)][:5]

@@ -3,16 +3,18 @@
     langgraph dev --config examples/langgraph-server/langgraph.json
 
 One graph and one checkpointer serve every thread (that is how the LangGraph
-server deploys a graph): `mount_tool.runs(ROOT)` gives each thread its own run
-dir under ROOT, mounted on its first use and unmounted when idle, all of them
-sharing one store. The server takes the checkpointer from `langgraph.json`
-(`checkpointer.path`, an async context manager yielding a saver) and calls its
-`adelete_thread` and `acopy_thread` when threads are deleted or copied: the
-thread's files, snapshots and run dir follow.
+server deploys a graph): `mount_tool.runs(ROOT)` serves every thread from a
+few shard daemons under ROOT (one per CPU, mounted on first use), each thread
+a directory of one of them. The server takes the checkpointer from
+`langgraph.json` (`checkpointer.path`, an async context manager yielding a
+saver), whose exit (the server's shutdown, SIGTERM) unmounts the shards, and
+calls its `adelete_thread` and `acopy_thread` when threads are deleted or
+copied: the thread's files and snapshots follow.
 
 Settings (environment):
-    VFSD_RUNS    the root of the threads' run dirs [~/.local/state/vfsd/langgraph-runs];
+    VFSD_RUNS    the root of the threads' files [~/.local/state/vfsd/langgraph-runs];
                  keep it out of the directory `langgraph dev` watches for reloads
+    VFSD_SHARDS  how many shard daemons serve the threads [the number of CPUs]
     VFSD_MODEL   a LangChain model name ("anthropic:claude-sonnet-4-6"); without
                  it a scripted stand-in model plays a short deterministic task
     VFSD_POSTGRES  a PostgreSQL connection string: checkpoints go there
@@ -38,7 +40,7 @@ ROOT = Path(os.environ.get("VFSD_RUNS") or
 
 # One Runs for the graph and the checkpointer (nothing is mounted before a
 # thread first uses its files).
-runs = mount_tool.runs(ROOT, max_mounted=int(os.environ.get("VFSD_MAX_MOUNTED", "64")))
+runs = mount_tool.runs(ROOT, shards=int(os.environ.get("VFSD_SHARDS") or os.cpu_count() or 1))
 
 
 def scripted_turn(messages: list) -> AIMessage:
@@ -80,7 +82,7 @@ agent = create_vfsd_deep_agent(runs, make_model())
 @contextlib.asynccontextmanager
 async def checkpointer():
     """The checkpointer the server uses for every graph and thread."""
-    async with runs:  # leaving unmounts every thread's run dir (the files stay)
+    async with runs:  # leaving unmounts every shard (the files stay)
         dsn = os.environ.get("VFSD_POSTGRES")
         if not dsn:
             yield VfsdCheckpointer(InMemorySaver(), runs)

@@ -344,6 +344,10 @@ class VolumeHandlers:
         if step < 0:
             raise RequestError("bad_request", "'step' must be >= 0")
         current = self.store.get_step()
+        expect = arg(req, "expect", int, None)
+        if expect is not None and expect != current:
+            # A client that advances the step it last saw learns it moved meanwhile.
+            raise RequestError("step_moved", f"the step is {current}, not {expect}")
         if step < current:
             raise RequestError("bad_request", f"step {step} is before the current step {current}")
         # Removals in short transactions, the volume held meanwhile: a pass that
