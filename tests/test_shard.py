@@ -301,3 +301,38 @@ def test_an_eviction_pass_over_thousands_of_files_does_not_hold_the_others(shard
     assert made_during >= 10, f"only {made_during} creates while the pass ran"
     assert list((fs / "big").rglob("f*")) == []
     assert len(list((fs / "small").iterdir())) == i
+
+
+def test_a_snapshot_takes_what_open_files_of_its_volume_wrote(shard):
+    """A shard writes back only the snapshotted volume's open files (no syncfs
+    of the whole mount): bytes a process wrote into the page cache, through a
+    descriptor or a shared mapping, and has not closed are in the snapshot."""
+    import mmap
+
+    call(shard, "volume_create", volume="t1")
+    call(shard, "volume_create", volume="t2")
+    fs = shard / "fs"
+    (fs / "t1" / "mapped").write_bytes(b"\0" * 8192)
+    (fs / "t2" / "other").write_text("t2")
+    f = open(fs / "t1" / "written", "wb")
+    g = open(fs / "t1" / "mapped", "r+b")
+    mapping = mmap.mmap(g.fileno(), 0)
+    try:
+        f.write(b"kept in the page cache " * 1000)
+        f.flush()  # to the kernel, which writes it back when it likes
+        mapping[:6] = b"mapped"
+        snap = call(shard, "snapshot", volume="t1")["id"]
+        view = fs / "t1" / ".vfsd" / "snapshots" / snap
+        assert (view / "written").read_bytes() == b"kept in the page cache " * 1000
+        assert (view / "mapped").read_bytes()[:6] == b"mapped"
+        # A restore that would change a file a process writes is refused,
+        # naming it (found among this volume's files only).
+        f.write(b"more")
+        f.flush()
+        err = error(shard, "restore", volume="t1", snapshot=snap)
+        assert err["code"] == "files_open" and "written" in err["message"]
+        assert call(shard, "snapshot", volume="t2")["id"]
+    finally:
+        mapping.close()
+        g.close()
+        f.close()

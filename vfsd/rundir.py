@@ -192,6 +192,28 @@ def syncfs(path: Path) -> None:
         os.close(fd)
 
 
+#: sync_file_range(2): wait for writeback in flight, start it, wait for it
+_SYNC_RANGE_ALL = 1 | 2 | 4
+
+
+def write_back(paths: list[Path]) -> None:
+    """Write back the kernel's dirty pages of each file in `paths` (what
+    syncfs does for a whole filesystem); a file that is gone is skipped.
+    Blocks: a worker thread."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue  # renamed or removed since: its pages went with it, or stay its own
+        try:
+            libc.sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(0), _SYNC_RANGE_ALL)
+        finally:
+            os.close(fd)
+
+
 def remove_stale_mount(mountpoint: Path) -> bool:
     """Detach the mount on `mountpoint` lazily; True if fusermount3 succeeded.
 

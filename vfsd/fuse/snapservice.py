@@ -22,7 +22,7 @@ import trio
 
 from vfsd import STATE_DIRNAME, errors
 from vfsd.latency import Latencies
-from vfsd.rundir import RunDir, syncfs
+from vfsd.rundir import RunDir, syncfs, write_back
 from vfsd.snapshots.pathrestore import restore_paths
 from vfsd.snapshots.snapshots import (
     FilesOpenForWriting,
@@ -59,10 +59,23 @@ class SnapshotService:
         again meanwhile is settled by the caller with `_settle_rest` in the
         same loop turn as the snapshot or restore itself.
         """
-        try:
-            await trio.to_thread.run_sync(syncfs, self.daemon.run.mountpoint)
-        except OSError as exc:  # unit tests without a mount
-            log.debug("syncfs_failed", error=str(exc))
+        place = self.daemon.run
+        if place.mount_root != place.mountpoint:
+            # A volume of a shard: syncfs would write back every thread's
+            # pages, and hold them all. Only open files can have dirty pages
+            # (the kernel writes a file back when it is closed and when its
+            # last handle goes, mappings included), so those of this volume
+            # opened for writing are written back, one by one.
+            paths = [place.mountpoint / p for p in (
+                self.store.path_of(ino) for ino, of in list(self.ops.files.files.items())
+                if of.writer is not None and of.handles) if p]
+            if paths:
+                await trio.to_thread.run_sync(write_back, paths)
+        else:
+            try:
+                await trio.to_thread.run_sync(syncfs, place.mountpoint)
+            except OSError as exc:  # unit tests without a mount
+                log.debug("syncfs_failed", error=str(exc))
         self.ops.flush_all()
         await self.daemon.settler.settle_all()
 
