@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from html import escape as html_escape
@@ -315,6 +316,11 @@ def test_a_quota_refuses_the_write_that_would_need_a_record(tmp_path):
                                    "eviction found nothing more it may take"), edit.error
         assert (m.root / record).read_text() == body
         assert b.write("/big.bin", "x" * (500 * KiB)).error  # refused again: records
+        # A new record that cannot be written whole leaves no part of it behind
+        # (the next summarization would append to that part).
+        res = b.write("/conversation_history/session_r.md", "r" * (600 * KiB))
+        assert "under built-in rule 1" in res.error, res.error
+        assert sorted(os.listdir(m.root / "conversation_history")) == ["session_q.md"]
 
         refusal = m.stats()["quota_refusal"]
         assert refusal["limit"] == "quota_bytes"
@@ -327,7 +333,7 @@ def test_a_quota_refuses_the_write_that_would_need_a_record(tmp_path):
         assert said and said[-1]["kept_records"][0]["files"] == 1, said
         # The quota's refusals, not the disk's (they were logged and counted as a full disk).
         counters = m.stats()["counters"]
-        assert counters["enospc"] == 3 and counters["enospc_disk"] == 0, counters
+        assert counters["enospc"] == 4 and counters["enospc_disk"] == 0, counters
         assert "store_disk_full" not in log
         # The next write that needs room and gets it (by evicting filler.txt)
         # ends the refusal.

@@ -101,12 +101,15 @@ _STAR, _NAMES = object(), object()
 class Glob:
     """A compiled path glob (see the module docstring)."""
 
-    __slots__ = ("names",)
+    __slots__ = ("names", "first")
 
-    def __init__(self, names: list) -> None:
+    def __init__(self, names: list, first: str | None = None) -> None:
         # Each item: _NAMES, or a name's tokens (a character, "?", a class
         # regex of one character, or _STAR).
         self.names = names
+        # The first name when it is plain text (no wildcard): a path whose
+        # first name differs cannot match, whatever follows.
+        self.first = first
 
     def fullmatch(self, path: str) -> bool:
         """True if the whole of `path` (relative, "/"-separated) matches."""
@@ -169,7 +172,8 @@ def compile_glob(glob: str) -> Glob:
         if "**" in name:
             raise ValueError(f"'**' must be a whole name, got {name!r}")
         out.append(_name_tokens(name))
-    return Glob(out)
+    plain = not any(c in names[0] for c in "*?[")
+    return Glob(out, names[0] if plain else None)
 
 
 #: a name with at most this many stars is matched by a regex: on a name of at
@@ -283,14 +287,30 @@ def volume_rules(raw, builtins: bool = True) -> list[Rule]:
 class RuleSet:
     """The compiled rules of a volume, matched first to last."""
 
+    #: first names whose candidate rules are remembered (a tree has few at its top)
+    HEADS_KEPT = 1024
+
     def __init__(self, rules: list[Rule]) -> None:
         self.rules = rules
+        self._by_head: dict[str, list[Rule]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
+    def _for_head(self, head: str) -> list[Rule]:
+        """The rules a path whose first name is `head` can match, in order:
+        a glob that starts with a plain name (`src/**`, the built-in ones)
+        only for that name, so most candidates meet only the globs that
+        start with a wildcard."""
+        got = self._by_head.get(head)
+        if got is None:
+            got = [r for r in self.rules if r.regex.first in (None, head)]
+            if len(self._by_head) < self.HEADS_KEPT:
+                self._by_head[head] = got
+        return got
+
     def match(self, path: str) -> Rule | None:
-        for rule in self.rules:
+        for rule in self._for_head(path.partition("/")[0]):
             if rule.regex.fullmatch(path):
                 return rule
         return None
