@@ -60,8 +60,7 @@ def recovery(mount: Mount, rec: Mapping[str, Any]) -> str:
     if found.get("found"):
         copy = f"{SNAPSHOTS_VIEW}/{found['id']}/{found['path']}"
         return (f" It was a tool's output saved in full: `read_file {copy}` reads the copy "
-                f"snapshot {found['id']} keeps (the shell and grep see it there too), or run "
-                "the tool again.")
+                f"snapshot {found['id']} keeps, or run the tool again.")
     return " It was a tool's output saved in full: run the tool again to get it back."
 
 
