@@ -82,6 +82,7 @@ from .evictnotes import glob_note, turn_note, why_missing
 from .filetools import MountFiles
 from .langgraph import files_reducer
 from .mount import Mount
+from .nospace import explained, why_no_room
 from .offload import (
     DEFAULT_THRESHOLD_TOKENS,
     OffloadMiddleware,
@@ -89,6 +90,7 @@ from .offload import (
     offload_tool_output,
     safe_file_stem,
 )
+from .records import is_record, record_path
 from .refs import FileRef
 from .runs import Runs, lease
 from .sandbox import (
@@ -121,6 +123,8 @@ NOT_OFFLOADED_TOOLS = frozenset(
 )
 # Tools that cannot change the mount: no sync needed after them.
 READ_ONLY_TOOLS = frozenset({"ls", "read_file", "glob", "grep", "write_todos"})
+#: how an OSError's text ends for ENOSPC (MountFiles' errors carry no errno)
+NO_SPACE = os.strerror(errno.ENOSPC)
 _MARKER = re.compile(r"staged=(/\.tool_args/[A-Za-z0-9._-]+) xxh3=([0-9a-f]{32})\]$")
 
 
@@ -313,7 +317,9 @@ class VfsdBackend(SandboxBackendProtocol):
         isolation="none", whose commands print host paths, also real absolute
         paths under the mount root. Refuses relative paths, `..` escapes, NUL
         bytes, symlinks leading out, and the sandbox's mount points (/tmp, /usr,
-        ...), which inside `execute` are not the run's files.
+        ...), which inside `execute` are not the run's files. Below a record
+        directory (`/conversation_history/`) every name means itself, so a
+        record named from input stays there (`mount_tool.records`).
         """
         raw = "/" if path in (None, "") else str(path)
         root = str(v.root)
@@ -321,6 +327,7 @@ class VfsdBackend(SandboxBackendProtocol):
             raw = raw[len(root) :] or "/"
         if not raw.startswith("/"):
             raise ValueError(f"paths must be absolute (start with '/'), got {raw!r}")
+        raw = record_path(raw)
         relative = raw.lstrip("/") or "."
         # Raises ValueError for `..` escapes, NUL bytes and symlinks leading out.
         v.mount.resolve_path(relative)
@@ -452,7 +459,7 @@ class VfsdBackend(SandboxBackendProtocol):
                 if virtual == "/":
                     raise IsADirectoryError("/ is the mount root")
                 self._check_access(v, virtual, write=True)
-                self._retire_if_scratch(v, virtual, v.mount.write(virtual.lstrip("/"), content))
+                self._retire_if_scratch(v, virtual, _write(v.mount, virtual, content))
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return WriteResult(error=f"Error writing file '{file_path}': {_reason(exc)}")
         return WriteResult(path=virtual)
@@ -472,6 +479,9 @@ class VfsdBackend(SandboxBackendProtocol):
                 result = v.files.edit(virtual, old_string, new_string, replace_all)
                 if result.error and result.error.endswith("not found"):
                     result = EditResult(error=_told(result.error, v.mount, virtual))
+                elif result.error and result.error.endswith(NO_SPACE):
+                    why = why_no_room(v.mount)  # the kernel's ENOSPC says no more
+                    result = EditResult(error=f"{result.error}: {why}" if why else result.error)
                 return result
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return EditResult(error=f"Error editing file '{file_path}': {_reason(exc)}")
@@ -496,8 +506,7 @@ class VfsdBackend(SandboxBackendProtocol):
                         if virtual == "/":
                             raise IsADirectoryError(path)
                         self._check_access(v, virtual, write=True)
-                        self._retire_if_scratch(v, virtual,
-                                                v.mount.write(virtual.lstrip("/"), data))
+                        self._retire_if_scratch(v, virtual, _write(v.mount, virtual, data))
                         responses.append(FileUploadResponse(path=path))
                     except Exception as exc:  # noqa: BLE001 - reported per file, as the protocol asks
                         responses.append(FileUploadResponse(path=path, error=_error_code(exc)))
@@ -583,6 +592,22 @@ class VfsdBackend(SandboxBackendProtocol):
             # The command ran: its output must reach the agent, cut if need be.
             output = cut_unsaved(output, exc, threshold_tokens=self.offload_threshold_tokens)
         return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=result.truncated)
+
+
+def _write(m: Mount, virtual: str, data: str | bytes) -> FileRef:
+    """`Mount.write` for the file tools: an ENOSPC says what held the room,
+    and leaves no half-written record behind (the next summarization would
+    append to it)."""
+    try:
+        return m.write(virtual.lstrip("/"), data)
+    except OSError as exc:
+        told = explained(exc, m)
+        if told is exc:
+            raise
+        if is_record(virtual):
+            with contextlib.suppress(OSError, ValueError):
+                m.remove(virtual.lstrip("/"))
+        raise told from exc
 
 
 def _retire_scratch(m: Mount, since_step: int) -> None:

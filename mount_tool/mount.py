@@ -97,11 +97,17 @@ def _confined(opener: Callable[[], int], path: str, *, symlinks_refused: bool = 
         raise
 
 
+#: daemon options that are on unless turned off (`--no-...`)
+ON_BY_DEFAULT = frozenset({"builtin_eviction_rules"})
+
+
 def mount_flags(options: Mapping[str, Any]) -> list[str]:
     """Turn keyword options into `vfsd mount` flags.
 
     done_retention_steps=3 -> ["--done-retention-steps", "3"]; True -> bare flag
-    (allow_other=True -> ["--allow-other"]); False and None are left out.
+    (allow_other=True -> ["--allow-other"]); False -> the `--no-` flag of an
+    option that is on by default (builtin_eviction_rules=False), else left out,
+    as None is.
     """
     flags: list[str] = []
     for key, value in options.items():
@@ -110,6 +116,8 @@ def mount_flags(options: Mapping[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
+        elif value is False and key in ON_BY_DEFAULT:
+            flags.append("--no-" + flag[2:])
         elif value is False or value is None:
             continue
         elif isinstance(value, list | tuple | dict):  # eviction_rules: JSON
