@@ -1,0 +1,173 @@
+"""The checker the checkpoint-history tests share: does every checkpoint bring back its files?
+
+For a thread, every checkpoint its history lists is run from: a forked run
+whose one tool call (`execute`) lists every file under /work with its
+checksum (`history_agent.VERIFY`). The listing is compared with the files
+the thread had at that checkpoint by the test's own model: the effects of
+the tool calls whose results are in the checkpoint's messages
+(`history_agent.apply`).
+
+A `Tally` counts checkpoints checked, wrong (the run saw other files) and
+unbound (the checkpoint records that its files could not be bound, and a
+run from it refuses with SnapshotUnavailable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from history_agent import VERIFY, apply
+
+
+@dataclass
+class Tally:
+    checked: int = 0
+    wrong: int = 0
+    unbound: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, other: Tally) -> None:
+        self.checked += other.checked
+        self.wrong += other.wrong
+        self.unbound += other.unbound
+        self.problems += other.problems
+
+    def __str__(self) -> str:
+        return f"{self.checked} checked / {self.wrong} wrong / {self.unbound} unbound"
+
+
+def expected_files(messages: list[Any], effects: dict[str, Any]) -> dict[str, str]:
+    """{"work/a.txt": sha16, "work/d/": "dir"} after the tool calls whose results
+    are in `messages` (dicts from the server's API, or LangChain messages)."""
+    files: dict[str, str] = {}
+    for message in messages:
+        if _field(message, "type") != "tool":
+            continue
+        op = effects.get(_field(message, "tool_call_id"))
+        if op is not None:
+            apply(files, op)
+    return {path: "dir" if text == "dir" else sha16(text) for path, text in files.items()}
+
+
+def sha16(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def parse_listing(text: str) -> dict[str, str]:
+    """The files a VERIFY run's `execute` listed."""
+    files = {}
+    for line in text.splitlines():
+        if line.startswith("["):
+            continue  # execute's own trailer ("[Command succeeded with exit code 0]")
+        if line.endswith("/"):
+            files[line] = "dir"
+        elif line.strip():
+            path, _, digest = line.rpartition(" ")
+            files[path] = digest
+    return files
+
+
+def listing_of(messages: list[Any]) -> str:
+    """The output of the VERIFY run's `execute` (the last tool message)."""
+    tools = [m for m in messages if _field(m, "type") == "tool"]
+    return str(_field(tools[-1], "content"))
+
+
+def judge(tally: Tally, label: str, expected: dict[str, str], seen: dict[str, str] | None,
+          unbound: str | None) -> None:
+    """Count one checkpoint: `seen` is what the run listed (None: it refused)."""
+    tally.checked += 1
+    if unbound is not None:
+        tally.unbound += 1
+        tally.problems.append(f"{label}: unbound ({unbound})")
+    elif seen != expected:
+        tally.wrong += 1
+        tally.problems.append(f"{label}: expected {sorted(expected.items())}, "
+                              f"a run from it saw {sorted((seen or {}).items())}")
+
+
+def unbound_reason(metadata: dict[str, Any] | None) -> str | None:
+    """Why a checkpoint's files are unbound, as its metadata says (None: bound)."""
+    vfsd = (metadata or {}).get("vfsd") or {}
+    return vfsd.get("unbound") if isinstance(vfsd, dict) else None
+
+
+def _field(message: Any, name: str) -> Any:
+    if isinstance(message, dict):
+        return message.get(name)
+    return getattr(message, name, None)
+
+
+# -- in-process: a compiled graph ------------------------------------------------------------
+
+
+def check_thread(agent: Any, thread_id: str, effects: dict[str, Any]) -> Tally:
+    """Run from every checkpoint of the thread's history (in-process, sync)."""
+    from mount_tool import SnapshotUnavailable
+
+    tally = Tally()
+    config = {"configurable": {"thread_id": thread_id}}
+    for state in list(agent.get_state_history(config)):
+        expected = expected_files(state.values.get("messages", []), effects)
+        label = f"{thread_id} step {state.metadata.get('step')} {state.config['configurable']['checkpoint_id']}"
+        reason = unbound_reason(state.metadata)
+        seen = None
+        try:
+            out = agent.invoke({"messages": [{"role": "user", "content": VERIFY}]}, state.config)
+            seen = parse_listing(listing_of(out["messages"]))
+        except SnapshotUnavailable as exc:
+            reason = reason or str(exc)
+        judge(tally, label, expected, seen, reason)
+    return tally
+
+
+async def acheck_thread(agent: Any, thread_id: str, effects: dict[str, Any]) -> Tally:
+    """`check_thread` through the async API."""
+    from mount_tool import SnapshotUnavailable
+
+    tally = Tally()
+    config = {"configurable": {"thread_id": thread_id}}
+    history = [s async for s in agent.aget_state_history(config)]
+    for state in history:
+        expected = expected_files(state.values.get("messages", []), effects)
+        label = f"{thread_id} step {state.metadata.get('step')} {state.config['configurable']['checkpoint_id']}"
+        reason = unbound_reason(state.metadata)
+        seen = None
+        try:
+            out = await agent.ainvoke({"messages": [{"role": "user", "content": VERIFY}]},
+                                      state.config)
+            seen = parse_listing(listing_of(out["messages"]))
+        except SnapshotUnavailable as exc:
+            reason = reason or str(exc)
+        judge(tally, label, expected, seen, reason)
+    return tally
+
+
+# -- under the server: langgraph-sdk ----------------------------------------------------------
+
+
+async def check_server_thread(client: Any, thread_id: str, effects: dict[str, Any],
+                              assistant: str = "agent") -> Tally:
+    """Run from every checkpoint of a server thread's history (langgraph-sdk client)."""
+    tally = Tally()
+    history = await client.threads.get_history(thread_id, limit=1000)
+    for state in history:
+        checkpoint_id = state["checkpoint"]["checkpoint_id"]
+        expected = expected_files((state["values"] or {}).get("messages", []), effects)
+        label = f"{thread_id} step {state['metadata'].get('step')} {checkpoint_id}"
+        reason = unbound_reason(state["metadata"])
+        seen = None
+        out = await client.runs.wait(thread_id, assistant,
+                                     input={"messages": [{"role": "user", "content": VERIFY}]},
+                                     checkpoint_id=checkpoint_id, raise_error=False)
+        if isinstance(out, dict) and "__error__" in out:
+            error = out["__error__"]
+            if "SnapshotUnavailable" not in str(error):
+                raise AssertionError(f"{label}: the run failed: {error}")
+            reason = reason or str(error)
+        else:
+            seen = parse_listing(listing_of(out["messages"]))
+        judge(tally, label, expected, seen, reason)
+    return tally
