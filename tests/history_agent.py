@@ -5,8 +5,9 @@ model turn, so a test knows what every checkpoint's files must be:
 
 - a plan (`plan_message(tag, ops)`): `ops` are `write`/`edit` (the file
   tools), `sh` (one `execute` whose command is built from file effects:
-  put, append, rm, mkdir, rmtree) and `task` (a subagent that carries out a
-  plan of its own). Tool call ids are `<tag>-<i>`.
+  put, append, rm, mkdir, rmtree), `task` (a subagent that carries out a
+  plan of its own) and `ask` (a tool that waits at an `interrupt()`; resume
+  with `Command(resume=...)`). Tool call ids are `<tag>-<i>`.
 - `VERIFY`: one `execute` that lists every file under /work with its
   checksum (`history_check.LIST_COMMAND`), then "listed".
 
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.types import interrupt
 
 VERIFY = "verify"
 #: lists directories (`work/d/`) and files (`work/a.txt <16 hex of sha256>`), sorted
@@ -61,6 +64,8 @@ def tool_call_of(op: Any) -> list[Any]:
     if kind == "task":
         return ["task", {"description": plan_message(op[1], op[2]),
                          "subagent_type": "general-purpose"}]
+    if kind == "ask":
+        return ["ask", {"question": op[1]}]
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -103,7 +108,7 @@ def apply(files: dict[str, str], op: Any) -> None:
     elif kind == "task":
         for sub in op[2]:
             apply(files, sub)
-    else:
+    elif kind != "ask":
         raise ValueError(f"unknown op {op!r}")
 
 
@@ -150,12 +155,18 @@ def scripted_turn(messages: list) -> AIMessage:
     return AIMessage(f"{plan['plan']}: done")
 
 
+@tool
+def ask(question: str) -> str:
+    """Ask the user `question` and wait for the answer."""
+    return str(interrupt(question))
+
+
 def make_agent(runs: Any, **kwargs: Any) -> Any:
     """The agent on `runs` (keyword arguments go to create_vfsd_deep_agent)."""
     from mount_tool.deepagents import create_vfsd_deep_agent
     from mount_tool.demo import conversation_model
 
-    return create_vfsd_deep_agent(runs, conversation_model(scripted_turn), **kwargs)
+    return create_vfsd_deep_agent(runs, conversation_model(scripted_turn), tools=[ask], **kwargs)
 
 
 # -- as the server's graph module ------------------------------------------------------------

@@ -14,6 +14,7 @@ run from it refuses with SnapshotUnavailable).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,8 @@ def sha16(text: str) -> str:
 
 def parse_listing(text: str) -> dict[str, str]:
     """The files a VERIFY run's `execute` listed."""
+    if "\nExit code: " in f"\n{text}":
+        raise AssertionError(f"the listing command failed: {text!r}")
     files = {}
     for line in text.splitlines():
         if line.startswith("["):
@@ -115,7 +118,8 @@ def check_thread(agent: Any, thread_id: str, effects: dict[str, Any]) -> Tally:
         reason = unbound_reason(state.metadata)
         seen = None
         try:
-            out = agent.invoke({"messages": [{"role": "user", "content": VERIFY}]}, state.config)
+            out = agent.invoke({"messages": [{"role": "user", "content": VERIFY}]}, state.config,
+                               durability="exit")
             seen = parse_listing(listing_of(out["messages"]))
         except SnapshotUnavailable as exc:
             reason = reason or str(exc)
@@ -137,7 +141,7 @@ async def acheck_thread(agent: Any, thread_id: str, effects: dict[str, Any]) -> 
         seen = None
         try:
             out = await agent.ainvoke({"messages": [{"role": "user", "content": VERIFY}]},
-                                      state.config)
+                                      state.config, durability="exit")
             seen = parse_listing(listing_of(out["messages"]))
         except SnapshotUnavailable as exc:
             reason = reason or str(exc)
@@ -149,19 +153,40 @@ async def acheck_thread(agent: Any, thread_id: str, effects: dict[str, Any]) -> 
 
 
 async def check_server_thread(client: Any, thread_id: str, effects: dict[str, Any],
-                              assistant: str = "agent") -> Tally:
-    """Run from every checkpoint of a server thread's history (langgraph-sdk client)."""
-    tally = Tally()
+                              assistant: str = "agent", *, copies: int = 0) -> Tally:
+    """Run from every checkpoint of a server thread's history (langgraph-sdk client).
+
+    With `copies`, that many copies of the thread (`threads.copy`: the same
+    checkpoints, a copy of the run dir) take their share of the runs, at
+    once: a server starts a run about once a second per thread."""
     history = await client.threads.get_history(thread_id, limit=1000)
-    for state in history:
+    threads = [thread_id]
+    for _ in range(copies):
+        threads.append((await client.threads.copy(thread_id))["thread_id"])
+    shares = [history[i::len(threads)] for i in range(len(threads))]
+    tallies = await asyncio.gather(*(
+        _check_server_states(client, thread, share, effects, assistant)
+        for thread, share in zip(threads, shares, strict=True)))
+    total = Tally()
+    for tally in tallies:
+        total.add(tally)
+    return total
+
+
+async def _check_server_states(client: Any, thread_id: str, states: list[dict],
+                               effects: dict[str, Any], assistant: str) -> Tally:
+    tally = Tally()
+    for state in states:
         checkpoint_id = state["checkpoint"]["checkpoint_id"]
         expected = expected_files((state["values"] or {}).get("messages", []), effects)
         label = f"{thread_id} step {state['metadata'].get('step')} {checkpoint_id}"
         reason = unbound_reason(state["metadata"])
         seen = None
+        # durability="exit": one checkpoint per run, the check's cost is the runs
         out = await client.runs.wait(thread_id, assistant,
                                      input={"messages": [{"role": "user", "content": VERIFY}]},
-                                     checkpoint_id=checkpoint_id, raise_error=False)
+                                     checkpoint_id=checkpoint_id, raise_error=False,
+                                     durability="exit")
         if isinstance(out, dict) and "__error__" in out:
             error = out["__error__"]
             if "SnapshotUnavailable" not in str(error):

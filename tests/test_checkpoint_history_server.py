@@ -90,7 +90,7 @@ def test_every_checkpoint_brings_back_its_files(history_server):
 
     async def scenario() -> Tally:
         made = await asyncio.gather(*(thread_life(n) for n in range(THREADS)))
-        tallies = await asyncio.gather(*(check_server_thread(client, thread, effects)
+        tallies = await asyncio.gather(*(check_server_thread(client, thread, effects, copies=2)
                                          for thread, effects in made))
         total = Tally()
         for tally in tallies:
