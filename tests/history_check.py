@@ -10,6 +10,11 @@ the tool calls whose results are in the checkpoint's messages
 A `Tally` counts checkpoints checked, wrong (the run saw other files) and
 unbound (the checkpoint records that its files could not be bound, and a
 run from it refuses with SnapshotUnavailable).
+
+In-process, `check_snapshots` also looks at every checkpoint's snapshot
+directly (`.vfsd/snapshots/<id>/work`, what a run from it would restore):
+the same comparison without a run, cheap enough for every checkpoint of
+every thread of a test.
 """
 
 from __future__ import annotations
@@ -104,6 +109,53 @@ def _field(message: Any, name: str) -> Any:
 
 
 # -- in-process: a compiled graph ------------------------------------------------------------
+
+
+def snapshot_listing(mount: Any, snapshot: str) -> dict[str, str]:
+    """What VERIFY would list in a run from a checkpoint naming `snapshot`."""
+    from pathlib import Path
+
+    files: dict[str, str] = {}
+    if snapshot == "s0":  # no files at all
+        return files
+    top = Path(mount.root) / ".vfsd" / "snapshots" / snapshot
+    for path in sorted((top / "work").rglob("*")):
+        key = path.relative_to(top).as_posix()
+        if path.is_dir():
+            files[key + "/"] = "dir"
+        else:
+            files[key] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return files
+
+
+def check_snapshots(agent: Any, runs: Any, thread_id: str, effects: dict[str, Any]) -> Tally:
+    """Every checkpoint of the thread's history: the snapshot it names holds
+    exactly the files of the model (no run)."""
+    config = {"configurable": {"thread_id": thread_id}}
+    return _judge_snapshots(runs, thread_id, list(agent.get_state_history(config)), effects)
+
+
+async def acheck_snapshots(agent: Any, runs: Any, thread_id: str,
+                           effects: dict[str, Any]) -> Tally:
+    """`check_snapshots` through the async API (the files are read in a worker thread)."""
+    config = {"configurable": {"thread_id": thread_id}}
+    history = [s async for s in agent.aget_state_history(config)]
+    return await asyncio.to_thread(_judge_snapshots, runs, thread_id, history, effects)
+
+
+def _judge_snapshots(runs: Any, thread_id: str, history: list, effects: dict[str, Any]) -> Tally:
+    tally = Tally()
+    with runs.use(thread_id) as mount:
+        for state in history:
+            expected = expected_files(state.values.get("messages", []), effects)
+            label = (f"{thread_id} step {state.metadata.get('step')} "
+                     f"{state.config['configurable']['checkpoint_id']} (its snapshot)")
+            reason = unbound_reason(state.metadata)
+            seen = None
+            if reason is None:
+                seen = snapshot_listing(mount, state.metadata["vfsd"]["snapshot"])
+            judge(tally, label, expected, seen, reason)
+    return tally
 
 
 def check_thread(agent: Any, thread_id: str, effects: dict[str, Any]) -> Tally:

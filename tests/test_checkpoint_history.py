@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -34,7 +33,13 @@ import pytest
 pytest.importorskip("deepagents")
 
 from history_agent import MOUNT_OPTIONS, effects_of, make_agent, plan_message  # noqa: E402
-from history_check import Tally, acheck_thread, check_thread  # noqa: E402
+from history_check import (  # noqa: E402
+    Tally,
+    acheck_snapshots,
+    acheck_thread,
+    check_snapshots,
+    check_thread,
+)
 from langchain_core.messages import HumanMessage  # noqa: E402
 from langgraph.checkpoint.base import BaseCheckpointSaver  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
@@ -48,9 +53,12 @@ pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 LONG = bool(os.environ.get("VFSD_LONG"))
 THREADS = 8
+DURABILITIES = ("sync", "async", "exit")
+# Threads per durability whose every checkpoint is also run from.
+RUN_FROM = THREADS if LONG else 1
 APPROVE = Command(resume="yes")
-# Checkpoints a thread has at least (with "exit", one per run, and its interrupts).
-MIN_CHECKPOINTS = {"sync": 20, "async": 20, "exit": 9}
+# Checkpoints a thread has at least (with "exit": one per run and per interrupt).
+MIN_CHECKPOINTS = {"sync": 20, "async": 20, "exit": 6}
 
 
 class SlowSaver(BaseCheckpointSaver):
@@ -199,54 +207,19 @@ async def athread_life(agent: Any, n: int, durability: str) -> tuple[str, dict]:
 # -- savers ----------------------------------------------------------------------------------
 
 
-def pg_connect(dsn: str, *, async_: bool = False):
-    from psycopg.rows import dict_row
-
-    if async_:
-        import psycopg
-
-        return psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0,
-                                               row_factory=dict_row)
+def pg_connect(dsn: str):
     import psycopg
+    from psycopg.rows import dict_row
 
     return psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
 
 
-@contextmanager
-def sync_saver(kind: str, request) -> Iterator[BaseCheckpointSaver]:
-    if kind == "memory":
-        yield InMemorySaver()
-        return
-    pytest.importorskip("psycopg")
-    from langgraph.checkpoint.postgres import PostgresSaver
+async def apg_connect(dsn: str):
+    import psycopg
+    from psycopg.rows import dict_row
 
-    with pg_connect(request.getfixturevalue("pg_server").dsn) as conn:
-        saver = PostgresSaver(conn)
-        saver.setup()
-        yield saver
-
-
-def run_matrix_cell(runs: Any, saver: BaseCheckpointSaver, durability: str, *,
-                    sync: bool) -> Tally:
-    """Every thread's life with the slow saver, then every checkpoint checked
-    (through a second wrapper on the plain saver: the check itself need not be slow)."""
-    agent = make_agent(runs, checkpointer=VfsdCheckpointer(SlowSaver(saver), runs))
-    checker = make_agent(runs, checkpointer=VfsdCheckpointer(saver, runs))
-    total = Tally()
-    if sync:
-        with ThreadPoolExecutor(THREADS) as pool:
-            made = list(pool.map(lambda n: thread_life(agent, n, durability), range(THREADS)))
-            tallies = list(pool.map(lambda m: check_thread(checker, *m), made))
-    else:
-        async def scenario() -> list[Tally]:
-            made = await asyncio.gather(*(athread_life(agent, n, durability)
-                                          for n in range(THREADS)))
-            return await asyncio.gather(*(acheck_thread(checker, *m) for m in made))
-
-        tallies = asyncio.run(scenario())
-    for tally in tallies:
-        total.add(tally)
-    return total
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0,
+                                                 row_factory=dict_row)
 
 
 @pytest.fixture
@@ -255,45 +228,83 @@ def runs(tmp_path):
         yield r
 
 
-@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
-@pytest.mark.parametrize("kind", ["memory", "postgres"])
-def test_every_checkpoint_brings_back_its_files(runs, kind, durability, request):
-    """InMemorySaver through the async API, PostgresSaver through the sync one."""
-    with sync_saver(kind, request) as saver:
-        total = run_matrix_cell(runs, saver, durability, sync=kind == "postgres")
-    print(f"\n{kind} durability={durability}: {total}")
-    assert total.checked >= THREADS * MIN_CHECKPOINTS[durability]
-    assert (total.wrong, total.unbound) == (0, 0), (
-        f"{total}\n" + "\n".join(p[:400] for p in total.problems[:10]))
+def report(kind: str, tallies: dict[str, Tally]) -> None:
+    """Print the counts per durability and assert none is wrong or unbound."""
+    for durability, total in tallies.items():
+        print(f"\n{kind} durability={durability}: {total}")
+    for durability, total in tallies.items():
+        least = (THREADS + RUN_FROM) * MIN_CHECKPOINTS[durability]
+        assert total.checked >= least, (durability, total)
+        assert (total.wrong, total.unbound) == (0, 0), (
+            f"{kind} durability={durability}: {total}\n"
+            + "\n".join(p[:400] for p in total.problems[:10]))
 
 
-@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
-def test_every_checkpoint_brings_back_its_files_async_postgres(runs, durability, pg_server):  # noqa: F811
+def lives(durability: str) -> list[tuple[int, str]]:
+    return [(n, durability) for n in range(THREADS)]
+
+
+def sync_matrix(runs: Any, saver: BaseCheckpointSaver) -> dict[str, Tally]:
+    """Every durability's threads at once in worker threads, then the checks."""
+    agent = make_agent(runs, checkpointer=VfsdCheckpointer(SlowSaver(saver), runs))
+    checker = make_agent(runs, checkpointer=VfsdCheckpointer(saver, runs))
+    jobs = [job for d in DURABILITIES for job in lives(d)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        made = list(pool.map(lambda job: thread_life(agent, *job), jobs))
+        snapshots = list(pool.map(lambda m: check_snapshots(checker, runs, *m), made))
+        picked = [m for i, m in enumerate(made) if i % THREADS < RUN_FROM]
+        runs_from = list(pool.map(lambda m: check_thread(checker, *m), picked))
+    return tally_by_durability(jobs, made, snapshots, picked, runs_from)
+
+
+async def async_matrix(runs: Any, saver: BaseCheckpointSaver) -> dict[str, Tally]:
+    """`sync_matrix` through the async API, on the event loop."""
+    agent = make_agent(runs, checkpointer=VfsdCheckpointer(SlowSaver(saver), runs))
+    checker = make_agent(runs, checkpointer=VfsdCheckpointer(saver, runs))
+    jobs = [job for d in DURABILITIES for job in lives(d)]
+    made = await asyncio.gather(*(athread_life(agent, *job) for job in jobs))
+    snapshots = await asyncio.gather(*(acheck_snapshots(checker, runs, *m) for m in made))
+    picked = [m for i, m in enumerate(made) if i % THREADS < RUN_FROM]
+    runs_from = await asyncio.gather(*(acheck_thread(checker, *m) for m in picked))
+    return tally_by_durability(jobs, made, snapshots, picked, runs_from)
+
+
+def tally_by_durability(jobs: list, made: list, snapshots: list[Tally], picked: list,
+                        runs_from: list[Tally]) -> dict[str, Tally]:
+    totals = {d: Tally() for d in DURABILITIES}
+    durability_of = {thread: d for (_, d), (thread, _) in zip(jobs, made, strict=True)}
+    for (thread, _), tally in zip(made, snapshots, strict=True):
+        totals[durability_of[thread]].add(tally)
+    for (thread, _), tally in zip(picked, runs_from, strict=True):
+        totals[durability_of[thread]].add(tally)
+    return totals
+
+
+# -- the matrix ------------------------------------------------------------------------------
+
+
+def test_in_memory_saver_async(runs):
+    report("InMemorySaver", asyncio.run(async_matrix(runs, InMemorySaver())))
+
+
+def test_postgres_saver_sync(runs, pg_server):  # noqa: F811
+    pytest.importorskip("psycopg")
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    with pg_connect(pg_server.dsn) as conn:
+        saver = PostgresSaver(conn)
+        saver.setup()
+        report("PostgresSaver", sync_matrix(runs, saver))
+
+
+def test_async_postgres_saver(runs, pg_server):  # noqa: F811
     pytest.importorskip("psycopg")
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    async def make() -> Any:
-        return await pg_connect(pg_server.dsn, async_=True)
+    async def scenario() -> dict[str, Tally]:
+        async with await apg_connect(pg_server.dsn) as conn:
+            saver = AsyncPostgresSaver(conn)
+            await saver.setup()
+            return await async_matrix(runs, saver)
 
-    def run() -> Tally:
-        async def scenario() -> Tally:
-            async with await make() as conn:
-                saver = AsyncPostgresSaver(conn)
-                await saver.setup()
-                agent = make_agent(runs, checkpointer=VfsdCheckpointer(SlowSaver(saver), runs))
-                checker = make_agent(runs, checkpointer=VfsdCheckpointer(saver, runs))
-                made = await asyncio.gather(*(athread_life(agent, n, durability)
-                                              for n in range(THREADS)))
-                tallies = await asyncio.gather(*(acheck_thread(checker, *m) for m in made))
-                total = Tally()
-                for tally in tallies:
-                    total.add(tally)
-                return total
-
-        return asyncio.run(scenario())
-
-    total = run()
-    print(f"\nasync postgres durability={durability}: {total}")
-    assert total.checked >= THREADS * MIN_CHECKPOINTS[durability]
-    assert (total.wrong, total.unbound) == (0, 0), (
-        f"{total}\n" + "\n".join(p[:400] for p in total.problems[:10]))
+    report("AsyncPostgresSaver", asyncio.run(scenario()))
