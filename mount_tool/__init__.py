@@ -56,4 +56,14 @@ __all__ = [
     "is_ref",
     "mount",
     "runs",
+    "verify_history",
 ]
+
+
+def __getattr__(name: str):
+    # verify_history needs LangGraph, which `import mount_tool` does not.
+    if name == "verify_history":
+        from .history import verify_history
+
+        return verify_history
+    raise AttributeError(f"module 'mount_tool' has no attribute {name!r}")

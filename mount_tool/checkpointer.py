@@ -144,7 +144,11 @@ class VfsdCheckpointer(BaseCheckpointSaver):
     own run dir, the way LangGraph serves many threads with one graph and
     one checkpointer), or one `Mount` (one thread).
 
-    - `put`/`aput` add `metadata["vfsd"] = {"run", "snapshot", "step"}`.
+    - `put`/`aput` add `metadata["vfsd"] = {"run", "snapshot", "step"}`: the
+      files at the step boundary where LangGraph captured the checkpoint's
+      state (see the module docstring), or `{"snapshot": None, "unbound":
+      why}` when nothing captured them (a run from such a checkpoint raises
+      SnapshotUnavailable; `vfsd status` counts them).
     - `get_tuple`/`aget_tuple` at the start of a root graph run bring the
       thread's files to that checkpoint's snapshot first (see the module
       docstring).

@@ -30,6 +30,7 @@ from langgraph.config import get_config
 from .boundary import MISSING, RunState, adopt, at_boundary
 from .checkpointer import VfsdCheckpointer
 from .errors import ControlError, SnapshotUnavailable, ThreadBindingError
+from .history import verify_history
 from .mount import Mount
 from .refs import FileRef, as_ref
 from .runs import Runs, lease
@@ -44,6 +45,7 @@ __all__ = [
     "langgraph_step",
     "make_step_node",
     "make_sync_node",
+    "verify_history",
     "write_artifact",
 ]
 
