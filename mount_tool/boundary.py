@@ -39,8 +39,8 @@ checkpointer (LangGraph's server calls no other method of the wrapper there).
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -59,15 +59,12 @@ try:  # LangGraph's "no value" marker; private, so fall back to an object of our
 except ImportError:  # pragma: no cover - other langgraph versions
     MISSING = object()
 
-logger = logging.getLogger(__name__)
-
-#: the state key of BoundaryChannel in the graphs VfsdMiddleware builds
-BOUNDARY_KEY = "vfsd_boundary"
 #: what BoundaryChannel stores in a checkpoint (it has no value of its own)
 BOUNDARY_MARK = "vfsd"
 #: worker threads taking async runs' step-boundary snapshots
 CAPTURE_WORKERS = 8
-#: the latest root run of each thread kept (a run holds no daemon, only its captures)
+#: the latest root runs kept by thread besides those still running (a run holds
+#: no daemon, only its captures)
 RUNS_KEPT = 4096
 
 
@@ -75,16 +72,14 @@ RUNS_KEPT = 4096
 
 
 class Capture:
-    """The files of one step boundary: a snapshot taken, or being taken
-    (a Future, in a worker thread). `kind` is "boundary" (a step boundary:
-    one checkpoint claims it) or "start" (the run's start, before any task:
-    the files of the checkpoints LangGraph writes before the first task)."""
+    """The files at one step boundary, or at a run's start: a snapshot taken, or
+    being taken (a Future, in a worker thread). `claimed_by`: the checkpoint
+    that a boundary's capture went to (one only)."""
 
-    __slots__ = ("claimed_by", "kind", "taken")
+    __slots__ = ("claimed_by", "taken")
 
-    def __init__(self, taken: FilesVersion | Future, kind: str = "boundary") -> None:
+    def __init__(self, taken: FilesVersion | Future) -> None:
         self.taken = taken
-        self.kind = kind
         self.claimed_by: str | None = None
 
     def version(self) -> FilesVersion:
@@ -132,7 +127,10 @@ class RunScope:
 #: the scope of the root graph run the current context belongs to
 RUN_SCOPE: ContextVar[RunScope | None] = ContextVar("vfsd_run_scope", default=None)
 
+# The latest runs by thread: the RUNS_KEPT most recent, and any other still
+# alive (a running graph's channels hold their run).
 _running: OrderedDict[str, RunState] = OrderedDict()
+_running_alive: weakref.WeakValueDictionary[str, RunState] = weakref.WeakValueDictionary()
 _running_lock = threading.Lock()
 
 
@@ -142,6 +140,7 @@ def run_started(run: RunState) -> None:
     with _running_lock:
         _running[run.thread] = run
         _running.move_to_end(run.thread)
+        _running_alive[run.thread] = run
         while len(_running) > RUNS_KEPT:
             _running.popitem(last=False)
 
@@ -149,7 +148,7 @@ def run_started(run: RunState) -> None:
 def running(thread: str) -> RunState | None:
     """The thread's latest root run (maybe over)."""
     with _running_lock:
-        return _running.get(thread)
+        return _running.get(thread) or _running_alive.get(thread)
 
 
 def run_of_context() -> RunState | None:

@@ -453,7 +453,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         label = self._label(start.thread, tup.checkpoint["id"] if tup else "(new)",
                             tup.metadata if tup else None) + " (run start)"
         with self._thread_files(start.thread) as tf:
-            start.start = Capture(tf.begin_run(start.thread, tup, label), kind="start")
+            start.start = Capture(tf.begin_run(start.thread, tup, label))
         run_started(start)
 
     def _files_of(self, tup: CheckpointTuple) -> Mapping[str, Any]:

@@ -517,9 +517,8 @@ class ThreadFiles:
             if (self.record.position or {}).get("checkpoint") == plan.parent_id:
                 plan.moves_position = True  # the live files go on from the parent
                 return self.take(label)
-            return FilesVersion.unbound_because(
-                f"it forks checkpoint {plan.parent_id}, whose files were not bound "
-                f"({parent.unbound})", parent.run)
+            return self.unbound(checkpoint["id"], f"it forks checkpoint {plan.parent_id}, "
+                                f"whose files were not bound ({parent.unbound})")
         where = self.where(plan.parent_id or "", parent, self.m.snapshot_state())
         if where == "after":
             # The mount follows the parent and changed since: edits made
