@@ -7,12 +7,15 @@ writes files. 10 threads at once, two turns each (files made, changed and
 deleted by `write_file`, `edit_file` and `execute`), on AsyncPostgresSaver
 (tests/pgserver.py) and on InMemorySaver; then every checkpoint of every
 thread is run from, and the files the run lists are compared with the test's
-model of the tool calls (tests/history_check.py).
+model of the tool calls (tests/history_check.py). The two servers run at
+once: a server starts a thread's runs about once a second, so the test is
+mostly waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -22,7 +25,7 @@ import pytest
 pytest.importorskip("langgraph_sdk")
 pytest.importorskip("deepagents")
 
-from history_agent import effects_of, plan_message  # noqa: E402
+from history_agent import VERIFY, effects_of, plan_message  # noqa: E402
 from history_check import Tally, check_server_thread  # noqa: E402
 from lgserver import blocking_lines, langgraph_dev  # noqa: E402
 from pgserver import pg_server  # noqa: E402, F401 - the fixture
@@ -50,11 +53,8 @@ def turns(n: int) -> list[tuple[str, list]]:
     ]
 
 
-@pytest.fixture(scope="module", params=["postgres", "memory"])
-def history_server(request, tmp_path_factory):
-    """(saver kind, url, server log) of a `langgraph dev` serving tests/history_agent.py."""
-    kind = request.param
-    work = tmp_path_factory.mktemp(f"history-{kind}")
+def app_dir(work: Path) -> Path:
+    """A `langgraph dev` app serving tests/history_agent.py."""
     app = work / "app"
     app.mkdir()
     shutil.copy(TESTS / "history_agent.py", app / "history_agent.py")
@@ -63,18 +63,44 @@ def history_server(request, tmp_path_factory):
         "graphs": {"agent": "./history_agent.py:agent"},
         "checkpointer": {"path": "./history_agent.py:checkpointer"},
     }))
-    env = {}
-    if kind == "postgres":
-        env["VFSD_POSTGRES"] = request.getfixturevalue("pg_server").dsn
-    log = work / "server.log"
-    with langgraph_dev(app, work / "runs", log, env=env, jobs=20) as url:
-        yield kind, url, log
+    return app
 
 
-def test_every_checkpoint_brings_back_its_files(history_server):
+@pytest.fixture(scope="module")
+def history_servers(tmp_path_factory, pg_server):  # noqa: F811
+    """{saver kind: (url, server log)}: one `langgraph dev` with AsyncPostgresSaver,
+    one with InMemorySaver."""
+    servers = {}
+    with contextlib.ExitStack() as stack:
+        for kind, env in (("postgres", {"VFSD_POSTGRES": pg_server.dsn}), ("memory", {})):
+            work = tmp_path_factory.mktemp(f"history-{kind}")
+            log = work / "server.log"
+            url = stack.enter_context(
+                langgraph_dev(app_dir(work), work / "runs", log, env=env, jobs=20))
+            servers[kind] = (url, log)
+        asyncio.run(_first_threads([url for url, _ in servers.values()]))
+        yield servers
+
+
+async def _first_threads(urls: list[str]) -> None:
+    """One thread runs first on each server and makes the threads' shared store:
+    first mounts into a store that does not exist yet, at once, may race its
+    creation (vfsd refuses a store whose LMDB file another daemon is still making)."""
     from langgraph_sdk import get_client
 
-    kind, url, log = history_server
+    async def first(url: str) -> None:
+        client = get_client(url=url)
+        thread = (await client.threads.create())["thread_id"]
+        await client.runs.wait(thread, "agent", input={"messages": [
+            {"role": "user", "content": VERIFY}]})
+
+    await asyncio.gather(*(first(url) for url in urls))
+
+
+async def threads_checked(url: str) -> Tally:
+    """THREADS threads at once, two turns each; then every checkpoint of each, checked."""
+    from langgraph_sdk import get_client
+
     client = get_client(url=url)
 
     async def thread_life(n: int) -> tuple[str, dict]:
@@ -88,18 +114,26 @@ def test_every_checkpoint_brings_back_its_files(history_server):
             effects.update(effects_of(tag, ops))
         return thread, effects
 
-    async def scenario() -> Tally:
-        made = await asyncio.gather(*(thread_life(n) for n in range(THREADS)))
-        tallies = await asyncio.gather(*(check_server_thread(client, thread, effects, copies=2)
-                                         for thread, effects in made))
-        total = Tally()
-        for tally in tallies:
-            total.add(tally)
-        return total
+    made = await asyncio.gather(*(thread_life(n) for n in range(THREADS)))
+    tallies = await asyncio.gather(*(check_server_thread(client, thread, effects, copies=2)
+                                     for thread, effects in made))
+    total = Tally()
+    for tally in tallies:
+        total.add(tally)
+    return total
 
-    total = asyncio.run(scenario())
-    print(f"\nunder langgraph dev with {kind}: {total}")
-    assert total.checked >= THREADS * 20
-    assert (total.wrong, total.unbound) == (0, 0), (
-        f"{kind}: {total}\n" + "\n".join(p[:400] for p in total.problems[:10]))
-    assert not blocking_lines(log), blocking_lines(log)[:5]
+
+def test_every_checkpoint_brings_back_its_files(history_servers):
+    async def both() -> list[Tally]:
+        return await asyncio.gather(*(threads_checked(url)
+                                      for url, _ in history_servers.values()))
+
+    totals = dict(zip(history_servers, asyncio.run(both()), strict=True))
+    for kind, total in totals.items():
+        print(f"\nunder langgraph dev with {kind}: {total}")
+    for kind, total in totals.items():
+        assert total.checked >= THREADS * 20, (kind, total)
+        assert (total.wrong, total.unbound) == (0, 0), (
+            f"{kind}: {total}\n" + "\n".join(p[:400] for p in total.problems[:10]))
+    for _url, log in history_servers.values():
+        assert not blocking_lines(log), blocking_lines(log)[:5]
