@@ -4,7 +4,8 @@ The server compiles the graph itself and wraps the checkpointer in an adapter
 of its own, which calls none of the wrapper's step-boundary methods; with
 AsyncPostgresSaver a checkpoint's `aput` runs while the next step already
 writes files. 10 threads at once, two turns each (files made, changed and
-deleted by `write_file`, `edit_file` and `execute`), on AsyncPostgresSaver
+deleted by `write_file`, `edit_file` and `execute`) and a fork made by
+`threads.update_state` on a past checkpoint, run, on AsyncPostgresSaver
 (tests/pgserver.py) and on InMemorySaver; then every checkpoint of every
 thread is run from, and the files the run lists are compared with the test's
 model of the tool calls (tests/history_check.py). The two servers run at
@@ -66,6 +67,12 @@ def app_dir(work: Path) -> Path:
     return app
 
 
+def fork_plan(n: int) -> tuple[str, list]:
+    """The plan run on thread `n`'s fork."""
+    return (f"t{n}f", [("sh", [("put", "work/fork.txt", f"fork {n}\n")]),
+                       ("edit", "work/a.txt", "alpha", "FORKED")])
+
+
 @pytest.fixture(scope="module")
 def history_servers(tmp_path_factory, pg_server):  # noqa: F811
     """{saver kind: (url, server log)}: one `langgraph dev` with AsyncPostgresSaver,
@@ -112,6 +119,19 @@ async def threads_checked(url: str) -> Tally:
                                                       "content": plan_message(tag, ops)}]})
             assert out["messages"][-1]["content"] == f"{tag}: done", out["messages"][-1]
             effects.update(effects_of(tag, ops))
+        # A fork (threads.update_state) of the checkpoint after the first tool
+        # call, run with a plan of its own.
+        tag, ops = fork_plan(n)
+        history = await client.threads.get_history(thread, limit=1000)
+        past = next(h for h in reversed(history)
+                    if any(m["type"] == "tool" for m in h["values"]["messages"]))
+        fork = await client.threads.update_state(
+            thread, {"messages": [{"role": "user", "content": plan_message(tag, ops)}]},
+            as_node="tools", checkpoint=past["checkpoint"])
+        out = await client.runs.wait(thread, "agent", input=None,
+                                     checkpoint=fork["checkpoint"])
+        assert out["messages"][-1]["content"] == f"{tag}: done", out["messages"][-1]
+        effects.update(effects_of(tag, ops))
         return thread, effects
 
     made = await asyncio.gather(*(thread_life(n) for n in range(THREADS)))
