@@ -56,12 +56,12 @@ __all__ = [
     "is_ref",
     "mount",
     "runs",
-    "verify_history",
 ]
 
 
 def __getattr__(name: str):
-    # verify_history needs LangGraph, which `import mount_tool` does not.
+    # verify_history needs LangGraph (an optional dependency), which `import
+    # mount_tool` does not: it is loaded on first use, and not in __all__.
     if name == "verify_history":
         from .history import verify_history
 
