@@ -69,13 +69,18 @@ from deepagents.backends.protocol import (
 )
 from deepagents.backends.sandbox import MAX_BINARY_BYTES
 from langchain.agents.middleware import AgentMiddleware, AgentState
-from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
+from langchain.agents.middleware.types import (
+    ExtendedModelResponse,
+    ModelResponse,
+    PrivateStateAttr,
+)
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
 from . import toolcalls
+from .boundary import BoundaryChannel, await_capture, wait_for_capture
 from .checkpointer import VfsdCheckpointer, warn_if_unwrapped
 from .errors import ControlError, MountToolError
 from .evictnotes import glob_note, turn_note, why_missing
@@ -714,11 +719,18 @@ class VfsdAgentState(AgentState):
     A DeltaChannel, as deepagents uses for `messages`: a checkpoint stores the
     refs that changed in its step, plus a full snapshot every 50 updates,
     instead of the whole map each time.
+
+    `vfsd_boundary` is private (in neither the input nor the output schema)
+    and holds nothing: LangGraph checkpoints it at every step boundary, which
+    is where `VfsdCheckpointer` captures the checkpoint's files, whoever
+    compiles the graph (see `mount_tool.boundary`). A new thread's first
+    checkpoint and the tasks of its first step read it as None.
     """
 
     files: NotRequired[
         Annotated[dict[str, FileRef], DeltaChannel(files_delta_reducer, snapshot_frequency=50)]
     ]
+    vfsd_boundary: NotRequired[Annotated[None, BoundaryChannel, PrivateStateAttr]]
 
 
 class VfsdMiddleware(AgentMiddleware):
@@ -839,12 +851,14 @@ class VfsdMiddleware(AgentMiddleware):
         ExtendedModelResponse command) instead of a node of its own: one
         superstep, hence one checkpoint, fewer per turn.
         """
+        wait_for_capture()  # the files of the checkpoint this step starts from
         update, note = self._turn_update(request.state)
         response = self._compact_response(handler(self._with_note(request, note)))
         return _with_command(response, update)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Async `wrap_model_call`; mount I/O runs in worker threads."""
+        await await_capture()
         update, note = await asyncio.to_thread(self._turn_update, request.state)
         response = await handler(self._with_note(request, note))
         response = await asyncio.to_thread(self._compact_response, response)
@@ -924,7 +938,11 @@ class VfsdMiddleware(AgentMiddleware):
     # -- tool calls: restore arguments, sync refs --------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        """Restore staged arguments, run the tool, record the files it changed."""
+        """Restore staged arguments, run the tool, record the files it changed.
+
+        First, the files of the checkpoint this step starts from are captured
+        (a tool may change the mount by any means: `execute`, a user's tool)."""
+        wait_for_capture()
         begun = self._begin_tool(request)
         if isinstance(begun, ToolMessage):
             return begun
@@ -938,6 +956,7 @@ class VfsdMiddleware(AgentMiddleware):
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Async `wrap_tool_call`; mount I/O runs in worker threads."""
+        await await_capture()
         begun = await asyncio.to_thread(self._begin_tool, request)
         if isinstance(begun, ToolMessage):
             return begun

@@ -610,6 +610,11 @@ class Mount:
             raise TypeError("label must be a string")
         return self.client.call("snapshot", pin=bool(pin), label=label, reuse=bool(reuse))
 
+    def note_unbound(self, checkpoint_id: str = "") -> int:
+        """Count a graph checkpoint of this run dir whose files could not be bound
+        to a snapshot (`unbound_checkpoints` in `vfsd status`); the count so far."""
+        return int(self.client.call("note_unbound", checkpoint=str(checkpoint_id)[:200])["count"])
+
     def snapshots(self) -> list[dict[str, Any]]:
         """The retained snapshots, oldest first."""
         return list(self.client.call("snapshots").get("snapshots", []))

@@ -12,12 +12,7 @@ looked at in their run dirs, where the server's daemons mount them.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,19 +20,13 @@ import pytest
 pytest.importorskip("langgraph_sdk")
 
 from conftest import is_mounted, tree  # noqa: E402
+from lgserver import blocking_lines, langgraph_dev  # noqa: E402
 
 from mount_tool.runs import thread_dir_name  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "langgraph-server"
-BLOCKING = ("BlockingError", "synchronous blocking call")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,47 +36,9 @@ def server(tmp_path_factory):
     app = work / "app"
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", ".langgraph_api"))
     root = work / "runs"
-    port = free_port()
     log = work / "server.log"
-    env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false",
-           "VFSD_RUNS": str(root), "VFSD_MAX_MOUNTED": "4"}
-    langgraph = Path(sys.executable).parent / "langgraph"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(langgraph), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
-             "--port", str(port), "--config", str(app / "langgraph.json")],
-            cwd=app, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, log)
+    with langgraph_dev(app, root, log, env={"VFSD_MAX_MOUNTED": "4"}) as url:
         yield url, root, log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        # The server unmounts its run dirs on the way out; a killed one would not.
-        for fs in root.glob("threads/*/fs"):
-            subprocess.run(["fusermount3", "-u", "-z", str(fs)], capture_output=True)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"langgraph dev exited {proc.returncode}:\n"
-                                 f"{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url + "/ok", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"langgraph dev did not answer on {url}:\n{log.read_text()[-4000:]}")
 
 
 def files_of(root: Path, thread_id: str) -> dict:
@@ -175,6 +126,4 @@ def test_threads_through_the_server(server):
                 assert files_of(root, other) == job_files(n)
 
     asyncio.run(scenario())
-    text = log.read_text(errors="replace")
-    assert not any(b in text for b in BLOCKING), [ln for ln in text.splitlines()
-                                                   if any(b in ln for b in BLOCKING)][:5]
+    assert not blocking_lines(log), blocking_lines(log)[:5]

@@ -33,6 +33,9 @@ def store_status(store) -> dict:
         "stored_bytes": stored,
         "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
         "snapshots": _snapshot_summary(store),
+        # Graph checkpoints whose files their checkpointer could not bind to a
+        # snapshot (mount_tool's VfsdCheckpointer counts them; a run from one refuses).
+        "unbound_checkpoints": c["unbound_checkpoints"],
         "remote": _remote_summary(store),
     }
 

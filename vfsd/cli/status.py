@@ -167,6 +167,9 @@ def _text(doc: dict) -> str:
         ("xattrs", human(doc["xattr_bytes"])),
         ("snapshots", _snapshots_line(doc.get("snapshots"))),
     ]
+    if doc.get("unbound_checkpoints"):
+        pairs.append(("unbound checkpoints", f"{_count(doc['unbound_checkpoints'])} (graph "
+                      "checkpoints without a snapshot of their files: see the log)"))
     remote = doc.get("remote")
     if remote:
         backlog = remote.get("backlog", {})

@@ -119,6 +119,7 @@ class ControlServer:
             "warmup_plan": self.op_warmup_plan, "warmup_fetch": self.op_warmup_fetch,
             "call_begin": self.op_call_begin, "call_record": self.op_call_record,
             "call_end": self.op_call_end, "stop": self.op_stop,
+            "note_unbound": self.op_note_unbound,
         }
         # Requests that change files: refused once another worker holds the run.
         self.mutating = {"set_step", "evict", "set_status", "pin", "unpin", "restore", "unevict"}
@@ -493,6 +494,14 @@ class ControlServer:
         except ValueError:
             raise RequestError("bad_request", "'key' is the hex key call_begin answered") from None
         return {"ended": self.ops.provenance.end(key)}
+
+    def op_note_unbound(self, req: dict) -> dict:
+        """Count a graph checkpoint whose files its checkpointer could not bind
+        to a snapshot (shown by `vfsd status`: there should be none)."""
+        checkpoint = _arg(req, "checkpoint", str, "")
+        count = self.store.bump_meta(b"unbound_checkpoints")
+        log.warning("unbound_checkpoint", checkpoint=checkpoint[:200], count=count)
+        return {"count": count}
 
     def op_get_step(self, req: dict) -> dict:
         return {"step": self.store.get_step()}
