@@ -23,7 +23,7 @@ checkpoint bytes written so far (everything the saver serialized: checkpoints,
 channel blobs and pending writes), and p50/p95 of `put` and `put_writes` calls in
 the window that ends at the step (for vfsd, the wrapper's `put`, as LangGraph
 calls it), and for vfsd the snapshots the wrapper takes at step boundaries
-(`get_next_version`). Invocations use `durability="sync"` so each put
+(as LangGraph checkpoints the graph's boundary channel). Invocations use `durability="sync"` so each put
 is timed on its own rather than overlapping the next step.
 
     .venv/bin/python bench/checkpoint_bench.py [--savers memory,postgres] [--variants ...]
@@ -78,7 +78,7 @@ VARIANTS = ("classic", "deepagents", "vfsd", "vfsd-bare")
 
 def timed_saver(cls: type) -> type:
     """A subclass of the saver `cls` that records how long put/put_writes (and
-    get_next_version, where VfsdCheckpointer snapshots) take."""
+    the step-boundary captures where VfsdCheckpointer snapshots) take."""
 
     class Timed(cls):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -87,10 +87,10 @@ def timed_saver(cls: type) -> type:
             self.write_times: list[float] = []
             self.version_times: list[float] = []
 
-        def get_next_version(self, *args: Any, **kwargs: Any) -> Any:
+        def _capture(self, *args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
-                return super().get_next_version(*args, **kwargs)
+                return super()._capture(*args, **kwargs)
             finally:
                 self.version_times.append(time.perf_counter() - start)
 
@@ -366,7 +366,7 @@ def print_targets(rows: list[Row]) -> None:
             f"{r.put_p50:.2f}/{r.put_p95:.2f} ms against {bare.put_p50:.2f}/{bare.put_p95:.2f}; "
             f"over the run {r.extra['run_put_p50']:.2f}/{r.extra['run_put_p95']:.2f} against "
             f"{bare.extra['run_put_p50']:.2f}/{bare.extra['run_put_p95']:.2f} ms "
-            f"({r.extra['puts']} puts); snapshots at step boundaries (get_next_version) "
+            f"({r.extra['puts']} puts); snapshots at step boundaries "
             f"p50/p95 {r.extra['snap_p50']:.2f}/{r.extra['snap_p95']:.2f} ms over "
             f"{r.extra['version_calls']} calls, {r.extra['snaps']} snapshots retained"
         )

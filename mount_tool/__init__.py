@@ -57,3 +57,13 @@ __all__ = [
     "mount",
     "runs",
 ]
+
+
+def __getattr__(name: str):
+    # verify_history needs LangGraph (an optional dependency), which `import
+    # mount_tool` does not: it is loaded on first use, and not in __all__.
+    if name == "verify_history":
+        from .history import verify_history
+
+        return verify_history
+    raise AttributeError(f"module 'mount_tool' has no attribute {name!r}")

@@ -11,16 +11,24 @@ other branch of a fork), the mount is restored to that snapshot before the first
 node runs, so the shell sees those files. Reading state (`get_state`,
 `get_state_history`) never touches the files.
 
-When is a snapshot taken. LangGraph saves a checkpoint in the background while
-the next superstep already runs, so a snapshot taken inside `put` could catch
-the next step's writes. The wrapper therefore takes it in `get_next_version`,
-which the loop calls on its own thread once a superstep's tasks have all
-finished and before it hands the checkpoint to `put`; the loop's background
-executor copies the context at that moment, so each `put` finds the snapshot of
-its own step in a ContextVar. A `put` that finds none (the first checkpoint of
-a replay) takes one itself: no task runs at that point. Snapshots are asked
-with `reuse`, so a step that changed no file costs a round trip and no new
-snapshot.
+When is a snapshot taken. A checkpoint's snapshot holds its files at the
+moment LangGraph captured its state (`mount_tool.boundary`): LangGraph saves a
+checkpoint in the background while the next superstep already runs, so a
+snapshot taken inside `put` could catch the next step's writes. The graph's
+boundary channel (in VfsdMiddleware's state, and FilesChannel) is called as
+LangGraph builds the checkpoint; the snapshot is taken then (an async run: in
+a worker thread, and the next step's file operations and tool calls wait for
+it), and the `put`, whose background task copies the context right after,
+finds it in a ContextVar. The checkpoints LangGraph writes before a run's
+first task (its input, a fork of a past checkpoint) get the files captured at
+the run's start. For a graph without a boundary channel, `get_next_version`
+(which LangGraph calls at the step boundary when it compiled the graph with
+this wrapper; LangGraph's server does not) takes the snapshot instead. A
+checkpoint of a run for which nothing captured the files is written with
+`metadata["vfsd"]["unbound"]` (why) and no snapshot: a run from it raises
+SnapshotUnavailable, it is counted (`vfsd status`) and logged, and nothing
+guesses its files. Snapshots are asked with `reuse`, so a step that changed no
+file costs a round trip and no new snapshot.
 
 What a run start decides. The wrapper remembers in the run dir
 (`RUN_DIR/.vfsd/langgraph.json` and `langgraph.position`) which thread the run
@@ -66,7 +74,6 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
@@ -79,28 +86,32 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
+from .boundary import (
+    CAPTURES,
+    RUN_SCOPE,
+    Capture,
+    RunScope,
+    RunState,
+    run_of_context,
+    run_started,
+    running,
+    wait_for_capture,
+)
 from .errors import MountToolError
 from .mount import Mount
-from .runs import Runs, ThreadIdError, add_use_hook, current_config, lease, thread_key, thread_of
+from .runs import Runs, add_use_hook, lease, thread_key, thread_of
 from .threadfiles import (
     NO_FILES,
     BadFilesMetadata,
     FilesVersion,
-    Pending,
     PutPlan,
-    RunScope,
     ThreadFiles,
     snapshot_seq,
 )
 
 try:  # LangGraph's names for these keys; private, so fall back to their values
-    from langgraph._internal._constants import (
-        CONFIG_KEY_CHECKPOINT_MAP,
-        CONFIG_KEY_RUNTIME,
-        INTERRUPT,
-    )
+    from langgraph._internal._constants import CONFIG_KEY_RUNTIME, INTERRUPT
 except ImportError:  # pragma: no cover - other langgraph versions
-    CONFIG_KEY_CHECKPOINT_MAP = "checkpoint_map"
     CONFIG_KEY_RUNTIME = "__pregel_runtime"
     INTERRUPT = "__interrupt__"
 
@@ -111,8 +122,12 @@ PUBLISH_MODES = ("auto", "wait", "behind", "off")
 ON_MISSING = ("raise", "keep")
 # Idle threads whose state stays in memory (all of it is in the run dirs and the saver).
 THREADS_KEPT = 1024
-# Snapshots an async run's step boundaries take in the background (one per graph run at a time).
-_BOUNDARY_POOL_SIZE = 4
+# Why a checkpoint of a run has no snapshot when nothing captured its step boundary.
+NOT_CAPTURED = (
+    "LangGraph wrote it without vfsd capturing the files at its step boundary: the graph "
+    "has no vfsd boundary channel (VfsdMiddleware in a Deep Agents graph, a `files: "
+    "FilesChannel` key in a StateGraph), and the wrapper's get_next_version was not called "
+    "either (LangGraph's server wraps the checkpointer in an adapter of its own)")
 
 __all__ = ["BadFilesMetadata", "FilesVersion", "VfsdCheckpointer", "snapshot_seq"]
 
@@ -129,7 +144,11 @@ class VfsdCheckpointer(BaseCheckpointSaver):
     own run dir, the way LangGraph serves many threads with one graph and
     one checkpointer), or one `Mount` (one thread).
 
-    - `put`/`aput` add `metadata["vfsd"] = {"run", "snapshot", "step"}`.
+    - `put`/`aput` add `metadata["vfsd"] = {"run", "snapshot", "step"}`: the
+      files at the step boundary where LangGraph captured the checkpoint's
+      state (see the module docstring), or `{"snapshot": None, "unbound":
+      why}` when nothing captured them (a run from such a checkpoint raises
+      SnapshotUnavailable; `vfsd status` counts them).
     - `get_tuple`/`aget_tuple` at the start of a root graph run bring the
       thread's files to that checkpoint's snapshot first (see the module
       docstring).
@@ -192,9 +211,6 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         self.sync_timeout = float(sync_timeout)
         self._threads: OrderedDict[str, ThreadFiles] = OrderedDict()
         self._threads_lock = threading.Lock()
-        self._scope: ContextVar[RunScope | None] = ContextVar(
-            f"vfsd_run_scope_{id(self):x}", default=None
-        )
         self._inner_task_path = _accepts_task_path(saver.put_writes)
         self._inner_atask_path = _accepts_task_path(saver.aput_writes)
         add_use_hook(files, self._step_gate)
@@ -347,35 +363,10 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         return label[:200]
 
     def _step_gate(self, thread: str | None, m: Mount) -> None:
-        """Before a file operation inside a graph run: if it is the first of its
-        step, snapshot the files of the checkpoint the step starts from.
-
-        That is where the snapshot of a step's checkpoint must be taken: the
-        checkpoint itself is saved in the background, maybe while the next
-        step already writes. `get_next_version` takes it when LangGraph calls
-        the wrapper there; a wrapper behind another (the LangGraph server's
-        checkpointer adapter) is not called there, and relies on this gate."""
-        if thread is None:
-            return
-        try:
-            config = current_config()
-        except RuntimeError:
-            return
-        conf = config.get("configurable") or {}
-        boundary = (conf.get(CONFIG_KEY_CHECKPOINT_MAP) or {}).get("")
-        if not isinstance(boundary, str) or conf.get(CONFIG_KEY_RUNTIME) is None:
-            return
-        try:
-            if thread_of(config) != thread:
-                return  # a node of one thread touching another thread's files
-        except ThreadIdError:
-            return
-        scope = self._scope.get()
-        pending = scope.pending if scope is not None else None
-        with self._state(m) as tf:
-            if tf.record.thread not in (None, thread):
-                return  # the one-mount form serves another thread: its own error elsewhere
-            tf.gate(boundary, pending, self._label(thread, boundary, None))
+        """Before a file operation inside a graph run: wait until the files of the
+        checkpoint the step starts from are captured (see `mount_tool.boundary`)."""
+        if thread is not None:
+            wait_for_capture(thread)
 
     # -- what a checkpoint holds ---------------------------------------------------
 
@@ -385,7 +376,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         run dir from it with `mount.fork(id, new_run_dir)`."""
         tup = self.saver.get_tuple(config)
         version = FilesVersion.of(tup.metadata, strict=True) if tup else None
-        return version.snapshot if version else None
+        return version.snapshot if version and version.unbound is None else None
 
     def restorable(self, config: RunnableConfig) -> bool:
         """Whether a run from the checkpoint `config` addresses gets its files
@@ -399,9 +390,10 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         thread = thread_of(tup.config)
         with self._thread_files(thread) as tf:
             state = tf.m.snapshot_state()
-            if tf.where(tup.checkpoint["id"], version, state) in ("exact", "after"):
+            where = tf.where(tup.checkpoint["id"], version, state)
+            if where in ("exact", "after"):
                 return True
-            if tf.where(tup.checkpoint["id"], version, state) == "foreign":
+            if where in ("foreign", "unbound"):
                 return False
             return version.snapshot in {s["id"] for s in tf.m.snapshots()}
 
@@ -414,7 +406,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         tup = self.saver.get_tuple(config)
         if start is not None:
             self._begin_run(start, tup)
-            self._scope.set(start)
+            RUN_SCOPE.set(RunScope(start))
         return tup
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -422,31 +414,47 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         tup = await self.saver.aget_tuple(config)
         if start is not None:
             await asyncio.to_thread(self._begin_run, start, tup)
-            self._scope.set(start)
+            RUN_SCOPE.set(RunScope(start))
         return tup
 
-    def _run_start(self, config: RunnableConfig) -> RunScope | None:
-        """The scope of a root run starting here, or None (not a run start).
+    def _run_start(self, config: RunnableConfig) -> RunState | None:
+        """The run starting here, or None (not a run start).
 
         LangGraph puts its Runtime in the config of every checkpointer call a
         run makes, and in none that `get_state`/`update_state` make. A run's
         first root `get_tuple` is its start; later ones in the same run (the
-        check for a newer checkpoint when replaying) are reads.
+        check for a newer checkpoint when replaying) are reads. A subgraph's
+        (a `checkpoint_ns`) marks its context as a subgraph's: its step
+        boundaries are not the root's, whose capture its tasks still wait for.
         """
         conf = config.get("configurable") or {}
         runtime = conf.get(CONFIG_KEY_RUNTIME)
-        if runtime is None or conf.get("checkpoint_ns"):
-            # Outside a run, or a subgraph (its files follow the root graph).
-            self._scope.set(None)
+        scope = RUN_SCOPE.get()
+        if runtime is None:
+            # Outside a run (get_state, update_state): forget the last run, but
+            # not while a starting run builds its channels (reading the history
+            # of delta channels makes such calls).
+            if scope is not None and not scope.run.building:
+                RUN_SCOPE.set(None)
             return None
-        scope = self._scope.get()
-        if scope is not None and scope.runtime is runtime:
+        if conf.get("checkpoint_ns"):
+            if scope is not None and not scope.subgraph:
+                RUN_SCOPE.set(replace(scope, subgraph=True))
             return None
-        return RunScope(runtime, thread_of(config))
+        thread = thread_of(config)
+        current = running(thread)
+        if current is not None and current.runtime is runtime:
+            return None
+        return RunState(self, runtime, thread)
 
-    def _begin_run(self, start: RunScope, tup: CheckpointTuple | None) -> None:
+    def _begin_run(self, start: RunState, tup: CheckpointTuple | None) -> None:
+        """Align the files with the checkpoint the run starts from, and capture
+        them (worker thread; no task of the run runs yet)."""
+        label = self._label(start.thread, tup.checkpoint["id"] if tup else "(new)",
+                            tup.metadata if tup else None) + " (run start)"
         with self._thread_files(start.thread) as tf:
-            tf.begin_run(start, tup)
+            start.start = Capture(tf.begin_run(start.thread, tup, label))
+        run_started(start)
 
     def _files_of(self, tup: CheckpointTuple) -> Mapping[str, Any]:
         """The checkpoint's `files` channel: stored whole, or rebuilt from a
@@ -479,43 +487,64 @@ class VfsdCheckpointer(BaseCheckpointSaver):
 
     # -- step boundaries: snapshot while no task runs ---------------------------------------
 
-    def get_next_version(self, current: Any, channel: None) -> Any:
-        """The saver's next version. In a root graph run, also snapshot the mount:
-        LangGraph calls this on the loop's thread between supersteps, before
-        it hands the step's checkpoint to `put` (see the module docstring)."""
-        version = self.saver.get_next_version(current, channel)
-        scope = self._scope.get()
-        if scope is None:
-            return version
-        # Called once per channel that changed: the later calls reuse the
-        # snapshot the first one took (one round trip each, no new snapshot).
-        label = self._label(scope.thread, "(next)", None)
+    def _capture(self, run: RunState) -> None:
+        """Capture the files at a step boundary of `run` (its boundary channel,
+        or `get_next_version`, on the loop's thread)."""
+        run.building = False
+        label = self._label(run.thread, "(next)", None)
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # a sync run: take it now, no task runs
-            taken: FilesVersion | Future = self._take_for(scope.thread, label)
+            taken: FilesVersion | Future = self._take_for(run.thread, label)
         else:
             # On the event loop (an async run): never block it. The snapshot is
-            # asked for now, in a worker thread; the step's first file operation
-            # (`_step_gate`) and the put wait for it.
-            taken = _boundary_pool().submit(self._take_for, scope.thread, label)
-        self._scope.set(replace(scope, pending=Pending(taken)))
+            # taken in a worker thread; the next step's tasks and the put wait for it.
+            taken = CAPTURES.submit(run.thread, lambda: self._take_for(run.thread, label))
+        run.capture = capture = Capture(taken)
+        RUN_SCOPE.set(RunScope(run, capture))  # for the put LangGraph submits right after
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        """The saver's next version. In a root graph run whose graph has no
+        boundary channel, also capture the files: LangGraph calls this on the
+        loop's thread between supersteps, before it hands the step's checkpoint
+        to `put`, when it compiled the graph with this wrapper (see the module
+        docstring)."""
+        version = self.saver.get_next_version(current, channel)
+        run = run_of_context()
+        if run is None or run.owner is not self or run.hooked:
+            return version
+        # Called once per channel that changed: the later calls reuse the
+        # snapshot the first one took (one round trip each, no new snapshot).
+        self._capture(run)
         return version
 
     def _take_for(self, thread: str, label: str) -> FilesVersion:
         with self._thread_files(thread) as tf:
             return tf.take(label)
 
-    def _claim(self, runtime: Any) -> Pending | None:
-        """The snapshot of this put's step, if the step boundary took one."""
-        scope = self._scope.get()
-        if scope is None or scope.runtime is not runtime or scope.pending is None:
-            return None
+    def _claim(self, thread: str, runtime: Any, checkpoint: Checkpoint,
+               metadata: CheckpointMetadata) -> tuple[Capture | None, str | None]:
+        """The capture of this put's checkpoint (in the put's own context), or
+        why there is none."""
+        run = running(thread)
+        if run is None or run.runtime is not runtime:
+            return None, NOT_CAPTURED
+        run.building = False
+        if _before_any_task(metadata):
+            # Its input, a fork at the start, an exit run's stand-in parent: the
+            # files the run started from.
+            return run.start, None if run.start is not None else NOT_CAPTURED
+        scope = RUN_SCOPE.get()
+        capture = scope.capture if scope is not None and scope.run is run else None
+        if capture is None:
+            return None, NOT_CAPTURED
         with self._threads_lock:
-            if scope.pending.claimed:
-                return None
-            scope.pending.claimed = True
-            return scope.pending
+            if capture.claimed_by is not None:
+                return None, (f"the files captured at its step boundary went to checkpoint "
+                              f"{capture.claimed_by}: LangGraph wrote two checkpoints without "
+                              "a boundary between them")
+            capture.claimed_by = checkpoint["id"]
+        return capture, None
 
     # -- writing ----------------------------------------------------------------------------------------
 
@@ -527,7 +556,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Record the snapshot holding this checkpoint's files, then store it."""
-        plan = self._plan_put(config, checkpoint)
+        plan = self._plan_put(config, checkpoint, metadata)
         if plan is None:
             return self.saver.put(config, checkpoint, metadata, new_versions)
         if self._has_no_files(plan):
@@ -548,7 +577,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        plan = self._plan_put(config, checkpoint)
+        plan = self._plan_put(config, checkpoint, metadata)
         if plan is None:
             return await self.saver.aput(config, checkpoint, metadata, new_versions)
         if await asyncio.to_thread(self._has_no_files, plan):
@@ -581,7 +610,8 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             tf.remember(checkpoint["id"], version)
         return version, _with_version(metadata, version, tf.remote_of(version))
 
-    def _plan_put(self, config: RunnableConfig, checkpoint: Checkpoint) -> PutPlan | None:
+    def _plan_put(self, config: RunnableConfig, checkpoint: Checkpoint,
+                  metadata: CheckpointMetadata) -> PutPlan | None:
         conf = config.get("configurable") or {}
         if conf.get("checkpoint_ns"):
             return None  # a subgraph's checkpoint: the root's carries the files
@@ -591,8 +621,8 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             parent_id=conf.get("checkpoint_id"),
             from_run=runtime is not None,
         )
-        if runtime is not None:
-            plan.claimed = self._claim(runtime)  # in this put's own context
+        if runtime is not None:  # in this put's own context
+            plan.capture, plan.unbound = self._claim(plan.thread, runtime, checkpoint, metadata)
         return plan
 
     def flush(self, timeout: float | None = None) -> None:
@@ -727,7 +757,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             named = {v.snapshot for v in (
                 FilesVersion.of(t.metadata) for t in
                 self.saver.list({"configurable": {"thread_id": thread, "checkpoint_ns": ""}}))
-                if v is not None}
+                if v is not None and v.unbound is None}
             with self._thread_files(thread) as tf:
                 tf.release_unnamed(named)
 
@@ -739,7 +769,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             async for t in self.saver.alist(
                     {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}):
                 v = FilesVersion.of(t.metadata)
-                if v is not None:
+                if v is not None and v.unbound is None:
                     named.add(v.snapshot)
 
             def release(thread: str = thread, named: set[str] = named) -> None:
@@ -824,21 +854,6 @@ _OPTIONAL_METHODS = {
 _CLASSES: dict[tuple[type, frozenset[str]], type] = {}
 
 
-_pool: Any = None
-_pool_lock = threading.Lock()
-
-
-def _boundary_pool() -> Any:
-    """The worker threads that take async runs' step-boundary snapshots."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _pool = ThreadPoolExecutor(_BOUNDARY_POOL_SIZE, thread_name_prefix="vfsd-boundary")
-        return _pool
-
-
 def _class_for(cls: type, saver: Any) -> type:
     """`cls`, or a subclass of it with the optional methods `saver`'s class overrides."""
     if not isinstance(saver, BaseCheckpointSaver):
@@ -886,6 +901,13 @@ def _with_version(metadata: CheckpointMetadata, version: FilesVersion | None,
     if remote:
         recorded["remote"] = remote
     return {**metadata, "vfsd": recorded}
+
+
+def _before_any_task(metadata: Mapping[str, Any]) -> bool:
+    """Whether LangGraph writes this checkpoint of a run before the run's first
+    task: its input, a fork of the checkpoint a replay starts from, or (with
+    durability="exit") the empty stand-in parent of a new thread (step -2)."""
+    return metadata.get("source") in ("input", "fork") or metadata.get("step") == -2
 
 
 def _has_interrupt(config: RunnableConfig, writes: Sequence[tuple[str, Any]]) -> bool:

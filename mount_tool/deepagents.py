@@ -69,19 +69,25 @@ from deepagents.backends.protocol import (
 )
 from deepagents.backends.sandbox import MAX_BINARY_BYTES
 from langchain.agents.middleware import AgentMiddleware, AgentState
-from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
+from langchain.agents.middleware.types import (
+    ExtendedModelResponse,
+    ModelResponse,
+    PrivateStateAttr,
+)
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
 from . import toolcalls
+from .boundary import BoundaryChannel, await_capture, wait_for_capture
 from .checkpointer import VfsdCheckpointer, warn_if_unwrapped
 from .errors import ControlError, MountToolError
 from .evictnotes import glob_note, turn_note, why_missing
 from .filetools import MountFiles
 from .langgraph import files_reducer
 from .mount import Mount
+from .nospace import explained, why_no_room
 from .offload import (
     DEFAULT_THRESHOLD_TOKENS,
     OffloadMiddleware,
@@ -89,6 +95,7 @@ from .offload import (
     offload_tool_output,
     safe_file_stem,
 )
+from .records import is_record, record_path
 from .refs import FileRef
 from .runs import Runs, lease
 from .sandbox import (
@@ -121,6 +128,8 @@ NOT_OFFLOADED_TOOLS = frozenset(
 )
 # Tools that cannot change the mount: no sync needed after them.
 READ_ONLY_TOOLS = frozenset({"ls", "read_file", "glob", "grep", "write_todos"})
+#: how an OSError's text ends for ENOSPC (MountFiles' errors carry no errno)
+NO_SPACE = os.strerror(errno.ENOSPC)
 _MARKER = re.compile(r"staged=(/\.tool_args/[A-Za-z0-9._-]+) xxh3=([0-9a-f]{32})\]$")
 
 
@@ -313,7 +322,9 @@ class VfsdBackend(SandboxBackendProtocol):
         isolation="none", whose commands print host paths, also real absolute
         paths under the mount root. Refuses relative paths, `..` escapes, NUL
         bytes, symlinks leading out, and the sandbox's mount points (/tmp, /usr,
-        ...), which inside `execute` are not the run's files.
+        ...), which inside `execute` are not the run's files. Below a record
+        directory (`/conversation_history/`) every name means itself, so a
+        record named from input stays there (`mount_tool.records`).
         """
         raw = "/" if path in (None, "") else str(path)
         root = str(v.root)
@@ -321,6 +332,7 @@ class VfsdBackend(SandboxBackendProtocol):
             raw = raw[len(root) :] or "/"
         if not raw.startswith("/"):
             raise ValueError(f"paths must be absolute (start with '/'), got {raw!r}")
+        raw = record_path(raw)
         relative = raw.lstrip("/") or "."
         # Raises ValueError for `..` escapes, NUL bytes and symlinks leading out.
         v.mount.resolve_path(relative)
@@ -346,7 +358,7 @@ class VfsdBackend(SandboxBackendProtocol):
         too: marked done, as execute marks what commands leave there."""
         scratch = (v.sandbox.tmp == "run" and v.sandbox.isolation == "bwrap"
                    and virtual.startswith(f"/{TMP_DIR}/"))
-        ref = v.mount.write(virtual.lstrip("/"), data, ref=scratch)
+        ref = _write(v.mount, virtual, data, ref=scratch)
         if ref is not None:
             with contextlib.suppress(ControlError):
                 v.mount.set_status(ref, "done")
@@ -476,6 +488,9 @@ class VfsdBackend(SandboxBackendProtocol):
                 result = v.files.edit(virtual, old_string, new_string, replace_all)
                 if result.error and result.error.endswith("not found"):
                     result = EditResult(error=_told(result.error, v.mount, virtual))
+                elif result.error and result.error.endswith(NO_SPACE):
+                    why = why_no_room(v.mount)  # the kernel's ENOSPC says no more
+                    result = EditResult(error=f"{result.error}: {why}" if why else result.error)
                 return result
         except Exception as exc:  # noqa: BLE001 - the protocol reports, never raises
             return EditResult(error=f"Error editing file '{file_path}': {_reason(exc)}")
@@ -611,6 +626,22 @@ def _as_update(updates: dict[str, FileRef | None]) -> dict[str, Any] | None:
     return {"files": updates} if updates else None
 
 
+def _write(m: Mount, virtual: str, data: str | bytes, *, ref: bool = True) -> FileRef | None:
+    """`Mount.write` for the file tools: an ENOSPC says what held the room,
+    and leaves no half-written record behind (the next summarization would
+    append to it)."""
+    try:
+        return m.write(virtual.lstrip("/"), data, ref=ref)
+    except OSError as exc:
+        told = explained(exc, m)
+        if told is exc:
+            raise
+        if is_record(virtual):
+            with contextlib.suppress(OSError, ValueError):
+                m.remove(virtual.lstrip("/"))
+        raise told from exc
+
+
 def _retire_scratch(m: Mount, since_step: int) -> None:
     """Mark what is new in the run's /tmp done, so the daemon evicts it like any
     finished file (`done_retention_steps` after it was last written)."""
@@ -715,11 +746,18 @@ class VfsdAgentState(AgentState):
     A DeltaChannel, as deepagents uses for `messages`: a checkpoint stores the
     refs that changed in its step, plus a full snapshot every 50 updates,
     instead of the whole map each time.
+
+    `vfsd_boundary` is private (in neither the input nor the output schema)
+    and holds nothing: LangGraph checkpoints it at every step boundary, which
+    is where `VfsdCheckpointer` captures the checkpoint's files, whoever
+    compiles the graph (see `mount_tool.boundary`). A new thread's first
+    checkpoint and the tasks of its first step read it as None.
     """
 
     files: NotRequired[
         Annotated[dict[str, FileRef], DeltaChannel(files_delta_reducer, snapshot_frequency=50)]
     ]
+    vfsd_boundary: NotRequired[Annotated[None, BoundaryChannel, PrivateStateAttr]]
 
 
 class VfsdMiddleware(AgentMiddleware):
@@ -828,12 +866,14 @@ class VfsdMiddleware(AgentMiddleware):
         ExtendedModelResponse command) instead of a node of its own: one
         superstep, hence one checkpoint, fewer per turn.
         """
+        wait_for_capture()  # the files of the checkpoint this step starts from
         update, note = self._turn_update(request.state)
         response = self._compact_response(handler(self._with_note(request, note)))
         return _with_command(response, update)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Async `wrap_model_call`; mount I/O runs in worker threads."""
+        await await_capture()
         update, note = await asyncio.to_thread(self._turn_update, request.state)
         response = await handler(self._with_note(request, note))
         response = await asyncio.to_thread(self._compact_response, response)
@@ -913,7 +953,11 @@ class VfsdMiddleware(AgentMiddleware):
     # -- tool calls: restore arguments, sync refs --------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        """Restore staged arguments, run the tool, record the files it changed."""
+        """Restore staged arguments, run the tool, record the files it changed.
+
+        First, the files of the checkpoint this step starts from are captured
+        (a tool may change the mount by any means: `execute`, a user's tool)."""
+        wait_for_capture()
         begun = self._begin_tool(request)
         if isinstance(begun, ToolMessage):
             return begun
@@ -927,6 +971,7 @@ class VfsdMiddleware(AgentMiddleware):
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Async `wrap_tool_call`; mount I/O runs in worker threads."""
+        await await_capture()
         begun = await asyncio.to_thread(self._begin_tool, request)
         if isinstance(begun, ToolMessage):
             return begun

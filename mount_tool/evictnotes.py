@@ -6,6 +6,13 @@ eviction log says when and why the file went and a retained snapshot may
 still hold it. These helpers turn the daemon's answer (`Mount.eviction`)
 into the words the file tools and VfsdMiddleware add: only on a miss, so a
 found file costs nothing more.
+
+A tool's output saved in full (`large_tool_results/`, by deepagents or by
+vfsd's offloading) ages like any file, since the tool can make it again;
+the words for one say how the model gets it back by itself: `read_file` on
+the copy a retained snapshot keeps (`/.vfsd/snapshots/<id>/<path>`, which
+the shell sees too), or running the tool again. (The records Deep Agents
+keeps, `conversation_history/`, are pinned by a built-in rule of the daemon.)
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ logger = logging.getLogger(__name__)
 
 #: evicted files named in one note, at most
 NOTE_FILES = 5
+#: where tool outputs saved in full live: re-creatable, so they age
+TOOL_OUTPUT_DIRS = ("large_tool_results/",)
+#: the read-only view of retained snapshots, at the mount root
+SNAPSHOTS_VIEW = "/.vfsd/snapshots"
 
 
 def _ask(mount: Mount, virtual: str, limit: int = 20) -> dict[str, Any]:
@@ -34,12 +45,32 @@ def _ask(mount: Mount, virtual: str, limit: int = 20) -> dict[str, Any]:
         return {}
 
 
+def recovery(mount: Mount, rec: Mapping[str, Any]) -> str:
+    """For an evicted tool output (`TOOL_OUTPUT_DIRS`): a sentence on how the
+    model gets it back itself, starting with a space; "" for other files."""
+    path = str(rec.get("path", ""))
+    if not path.startswith(TOOL_OUTPUT_DIRS):
+        return ""
+    found: Mapping[str, Any] = {}
+    if rec.get("snapshot"):
+        try:
+            found = mount.locate(rec)
+        except (MountToolError, OSError, ValueError) as exc:
+            logger.debug("locating the evicted %s failed: %s", path, exc)
+    if found.get("found"):
+        copy = f"{SNAPSHOTS_VIEW}/{found['id']}/{found['path']}"
+        return (f" It was a tool's output saved in full: `read_file {copy}` reads the copy "
+                f"snapshot {found['id']} keeps, or run the tool again.")
+    return " It was a tool's output saved in full: run the tool again to get it back."
+
+
 def why_missing(mount: Mount, virtual: str) -> str | None:
-    """'it was evicted at step 5 (...)' for a path eviction removed, a sentence
-    about the evicted files below it for a directory, or None."""
+    """'it was evicted at step 5 (...)' for a path eviction removed (with how
+    to get a tool's output back), a sentence about the evicted files below it
+    for a directory, or None."""
     why = _ask(mount, virtual)
     if why.get("evicted"):
-        return f"it was {why['message']}"
+        return f"it was {why['message']}" + recovery(mount, why["evicted"])
     return why.get("message")
 
 
@@ -74,10 +105,13 @@ def turn_note(mount: Mount, evicted: Iterable[Mapping[str, Any]],
         return None
     parts = []
     for rec in mine[:NOTE_FILES]:
-        said = None
+        told: Mapping[str, Any] = {}
         with contextlib.suppress(KeyError, TypeError):
-            said = (_ask(mount, rec["path"], limit=1).get("evicted") or {}).get("message")
-        parts.append(f"/{rec['path']} ({said or 'evicted at step ' + str(rec.get('evicted_step'))})")
+            told = _ask(mount, rec["path"], limit=1).get("evicted") or {}
+        said = told.get("message") or f"evicted at step {rec.get('evicted_step')}"
+        again = recovery(mount, {**rec, **told}).strip().rstrip(".")
+        parts.append(f"/{rec['path']} ({said}" + (f"; {again[0].lower()}{again[1:]}"
+                                                    if again else "") + ")")
     more = f" and {len(mine) - NOTE_FILES} more" if len(mine) > NOTE_FILES else ""
     return ("[vfsd] Eviction removed files you used: " + "; ".join(parts) + more
             + ". They are gone from the mount (the shell says 'No such file'); do not "

@@ -230,11 +230,16 @@ class MountFiles:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     return EditResult(error=f"Error: File '{virtual}' not found")
                 raw = _read_all(fd)
-                content = _text(raw)
-                # Like the text read above, the edit speaks in "\n" line ends.
-                old = old.replace("\r\n", "\n").replace("\r", "\n")
-                new = new.replace("\r\n", "\n").replace("\r", "\n")
+                content = raw.decode("utf-8")
                 count = content.count(old) if old else 0
+                if not count:
+                    # As the text read gives it, the edit speaks in "\n" line ends;
+                    # `old` as sent is tried first, so a file keeps its bytes
+                    # outside the edit (Deep Agents appends to its records so).
+                    content = _text(raw)
+                    old = old.replace("\r\n", "\n").replace("\r", "\n")
+                    new = new.replace("\r\n", "\n").replace("\r", "\n")
+                    count = content.count(old) if old else 0
                 if count > 1 and not replace_all:
                     return EditResult(
                         error=f"Error: String '{old}' appears multiple times ({count} in the "

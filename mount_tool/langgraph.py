@@ -20,19 +20,23 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.config import get_config
 
+from .boundary import MISSING, RunState, adopt, at_boundary
 from .checkpointer import VfsdCheckpointer
 from .errors import ControlError, SnapshotUnavailable, ThreadBindingError
+from .history import verify_history
 from .mount import Mount
 from .refs import FileRef, as_ref
 from .runs import Runs, lease
 
 __all__ = [
+    "FilesAggregate",
     "FilesChannel",
     "SnapshotUnavailable",
     "ThreadBindingError",
@@ -41,6 +45,7 @@ __all__ = [
     "langgraph_step",
     "make_step_node",
     "make_sync_node",
+    "verify_history",
     "write_artifact",
 ]
 
@@ -62,8 +67,49 @@ def files_reducer(
     return merged
 
 
-FilesChannel = Annotated[dict[str, FileRef], files_reducer]
-"""State annotation for a `files` map of FileRefs, merged by `files_reducer`."""
+class FilesAggregate(BinaryOperatorAggregate):
+    """`FilesChannel`'s channel: a map of FileRefs merged by `files_reducer`,
+    whose `checkpoint()` is also the moment the wrapper captures the
+    checkpoint's files (see `mount_tool.boundary`). It takes a version at a
+    thread's first superstep even when nothing writes it, so every checkpoint
+    from then on calls it."""
+
+    __slots__ = ("run", "versioned")
+
+    def __init__(self, typ: Any, operator: Callable[[Any, Any], Any] = files_reducer) -> None:
+        super().__init__(typ, operator)
+        self.versioned = False
+        self.run: RunState | None = None
+
+    def copy(self) -> FilesAggregate:
+        other = super().copy()
+        other.versioned, other.run = self.versioned, self.run
+        return other
+
+    def from_checkpoint(self, checkpoint: Any) -> FilesAggregate:
+        other = super().from_checkpoint(checkpoint)
+        other.versioned = checkpoint is not MISSING
+        other.run = adopt()
+        return other
+
+    def update(self, values: Sequence[Any]) -> bool:
+        if values:
+            self.versioned = True
+            return super().update(values)
+        if self.versioned:
+            return False
+        self.versioned = True
+        return True
+
+    def checkpoint(self) -> Any:
+        at_boundary(self.run)
+        return super().checkpoint()
+
+
+FilesChannel = Annotated[dict[str, FileRef], FilesAggregate]
+"""State annotation for a `files` map of FileRefs, merged by `files_reducer`
+(its channel, `FilesAggregate`, is also where `VfsdCheckpointer` captures
+each checkpoint's files, whoever compiles the graph)."""
 
 
 def langgraph_step(config: RunnableConfig | None = None) -> int:

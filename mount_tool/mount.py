@@ -97,11 +97,17 @@ def _confined(opener: Callable[[], int], path: str, *, symlinks_refused: bool = 
         raise
 
 
+#: daemon options that are on unless turned off (`--no-...`)
+ON_BY_DEFAULT = frozenset({"builtin_eviction_rules"})
+
+
 def mount_flags(options: Mapping[str, Any]) -> list[str]:
     """Turn keyword options into `vfsd mount` flags.
 
     done_retention_steps=3 -> ["--done-retention-steps", "3"]; True -> bare flag
-    (allow_other=True -> ["--allow-other"]); False and None are left out.
+    (allow_other=True -> ["--allow-other"]); False -> the `--no-` flag of an
+    option that is on by default (builtin_eviction_rules=False), else left out,
+    as None is.
     """
     flags: list[str] = []
     for key, value in options.items():
@@ -110,6 +116,8 @@ def mount_flags(options: Mapping[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
+        elif value is False and key in ON_BY_DEFAULT:
+            flags.append("--no-" + flag[2:])
         elif value is False or value is None:
             continue
         elif isinstance(value, list | tuple | dict):  # eviction_rules: JSON
@@ -670,6 +678,11 @@ class Mount:
         if not isinstance(label, str):
             raise TypeError("label must be a string")
         return self.client.call("snapshot", pin=bool(pin), label=label, reuse=bool(reuse))
+
+    def note_unbound(self, checkpoint_id: str = "") -> int:
+        """Count a graph checkpoint of this run dir whose files could not be bound
+        to a snapshot (`unbound_checkpoints` in `vfsd status`); the count so far."""
+        return int(self.client.call("note_unbound", checkpoint=str(checkpoint_id)[:200])["count"])
 
     def snapshots(self) -> list[dict[str, Any]]:
         """The retained snapshots, oldest first."""

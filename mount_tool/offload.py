@@ -27,6 +27,7 @@ from langgraph.types import Command
 from . import toolcalls
 from .errors import MountToolError
 from .mount import Mount
+from .nospace import explained
 from .refs import FileRef
 from .runs import Runs, lease
 
@@ -341,7 +342,13 @@ def offload_content(
     extension = {"json": ".json", "jsonl": ".jsonl", "log": ".log"}.get(kind, ".txt")
     relative = f"{dir.strip('/')}/{safe_file_stem(tool_call_id)}{extension}"
     with lease(files) as mount:
-        ref = mount.write(relative, content)
+        try:
+            ref = mount.write(relative, content)
+        except OSError as exc:
+            told = explained(exc, mount)  # an ENOSPC says what held the room
+            if told is exc:
+                raise
+            raise told from exc
         host_path = str(mount.resolve_path(ref["path"]))
     if root_shown is None:
         absolute = host_path

@@ -2,9 +2,10 @@
 
 `FilesVersion` is what a checkpoint records (`metadata["vfsd"]`); `RunDirRecord`
 what the wrapper keeps in the run dir; `ThreadFiles` the decisions for one run
-dir (align the files at a run start, snapshot at step boundaries, publish,
-pin at interrupts, release), made with the thread's mount held. The wrapper
-(`mount_tool.checkpointer`) routes each call to the ThreadFiles of its thread.
+dir (align the files at a run start, bind a checkpoint to its snapshot,
+publish, pin at interrupts, release), made with the thread's mount held. The
+wrapper (`mount_tool.checkpointer`) routes each call to the ThreadFiles of
+its thread; the snapshots of step boundaries are taken by `mount_tool.boundary`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from .mount import Mount
 from .refs import as_ref, is_ref
 
 if TYPE_CHECKING:
+    from .boundary import Capture
     from .checkpointer import VfsdCheckpointer
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,6 @@ RECORD_NAME = "langgraph.json"
 POSITION_NAME = "langgraph.position"
 # Checkpoint -> snapshot answers kept in memory (the metadata has them all).
 SNAPSHOT_CACHE_SIZE = 4096
-# Step-boundary snapshots kept for puts that have not come yet.
-BOUNDARIES_KEPT = 64
 # Refs listed by name in a SnapshotUnavailable message (all are in `.lost`).
 LISTED_FILES = 20
 _SNAPSHOT_ID = re.compile(r"s(0|[1-9][0-9]{0,18})")
@@ -53,6 +52,8 @@ _SNAPSHOT_ID = re.compile(r"s(0|[1-9][0-9]{0,18})")
 #: (written outside a run before the thread's run dir existed): no daemon needed
 NO_FILES = "s0"
 _RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+# Characters of an unbound checkpoint's reason kept in its metadata.
+REASON_CHARS = 2000
 
 
 class BadFilesMetadata(MountToolError, ValueError):
@@ -64,12 +65,21 @@ class BadFilesMetadata(MountToolError, ValueError):
 
 @dataclass(frozen=True)
 class FilesVersion:
-    """The snapshot that holds a checkpoint's files (`metadata["vfsd"]`)."""
+    """The snapshot that holds a checkpoint's files (`metadata["vfsd"]`).
+
+    Or, with `unbound` (and no snapshot: `snapshot` is ""), why the wrapper
+    could not tell which files the checkpoint had: a run from it refuses
+    (SnapshotUnavailable) instead of guessing."""
 
     run: str
     snapshot: str
     step: int = 0
     remote: str | None = None
+    unbound: str | None = None
+
+    @classmethod
+    def unbound_because(cls, reason: str, run: str = "") -> FilesVersion:
+        return cls(run, "", 0, None, reason[:REASON_CHARS])
 
     @classmethod
     def of(cls, metadata: Mapping[str, Any] | None, *, strict: bool = False) -> FilesVersion | None:
@@ -93,7 +103,14 @@ class FilesVersion:
         if not isinstance(raw, Mapping):
             raise BadFilesMetadata(f"metadata['vfsd'] is {type(raw).__name__}, not an object")
         snapshot, run, step = raw.get("snapshot"), raw.get("run") or "", raw.get("step") or 0
-        remote = raw.get("remote")
+        remote, unbound = raw.get("remote"), raw.get("unbound")
+        if unbound is not None:
+            if not isinstance(unbound, str) or not unbound or snapshot is not None:
+                raise BadFilesMetadata(f"metadata['vfsd'] says its files are unbound, but not "
+                                       f"why (or names a snapshot too): {unbound!r:.80}")
+            if not isinstance(run, str) or (run and not _RUN_ID.fullmatch(run)):
+                raise BadFilesMetadata(f"metadata['vfsd'] names no run id: {run!r:.80}")
+            return cls.unbound_because(unbound, run)
         if not isinstance(snapshot, str) or not _SNAPSHOT_ID.fullmatch(snapshot):
             raise BadFilesMetadata(f"metadata['vfsd'] names no snapshot id like 's12': "
                                    f"{snapshot!r:.80}")
@@ -112,6 +129,8 @@ class FilesVersion:
         return cls(str(rec.get("run") or ""), str(rec["id"]), int(rec.get("live_step", rec["step"])))
 
     def as_metadata(self) -> dict[str, Any]:
+        if self.unbound is not None:
+            return {"run": self.run, "snapshot": None, "unbound": self.unbound}
         return {"run": self.run, "snapshot": self.snapshot, "step": self.step}
 
     @property
@@ -124,35 +143,6 @@ def snapshot_seq(snapshot_id: str | None) -> int:
     if isinstance(snapshot_id, str) and snapshot_id[1:].isdigit():
         return int(snapshot_id[1:])
     return 0
-
-
-# -- per-run scope: which run this context belongs to, and its step's snapshot ------
-
-
-@dataclass
-class Pending:
-    """A snapshot taken at a step boundary, waiting for that step's `put`
-    (a Future while it is being taken in a worker thread: see `VfsdCheckpointer.get_next_version`)."""
-
-    taken: FilesVersion | Future
-    claimed: bool = False
-
-    def version(self) -> FilesVersion:
-        """The snapshot (waits for it: never on the event loop)."""
-        return self.taken.result() if isinstance(self.taken, Future) else self.taken
-
-
-@dataclass(frozen=True)
-class RunScope:
-    """Set in the context of a root graph run by its first `get_tuple`.
-
-    Immutable: each step sets a new one, so a `put` running late in the
-    background still sees the snapshot of its own step.
-    """
-
-    runtime: Any
-    thread: str
-    pending: Pending | None = None
 
 
 # -- the run dir's record ---------------------------------------------------------------
@@ -289,9 +279,6 @@ class ThreadFiles:
         self.versions: OrderedDict[str, FilesVersion] = OrderedDict()
         # Checkpoints waiting at an interrupt whose `put` has not run yet.
         self.pin_on_put: set[str] = set()
-        # Snapshots taken at a step boundary by the step's first file operation,
-        # by the id of the checkpoint the step starts from (see `gate`).
-        self.boundaries: OrderedDict[str, FilesVersion] = OrderedDict()
         self.mode: str | None = None  # `publish` resolved against the mount
         self.remote_url: str | None = None
         # Snapshots named by stored checkpoints and not known to be published.
@@ -305,21 +292,30 @@ class ThreadFiles:
     @property
     def busy(self) -> bool:
         """Whether forgetting this state would lose something (see `_forget_idle`)."""
-        return bool(self.users or self.pin_on_put or self.unpublished or self.boundaries)
+        return bool(self.users or self.pin_on_put or self.unpublished)
 
     # -- run start: align the files --------------------------------------------------------
 
-    def begin_run(self, start: RunScope, tup: CheckpointTuple | None) -> None:
+    def begin_run(self, thread: str, tup: CheckpointTuple | None, label: str) -> FilesVersion:
+        """Bring the files to the checkpoint a run starts from, and capture them:
+        the files of the checkpoints LangGraph writes before the run's first task."""
         with self.lock:
             self.record.load()  # another process may have used the run dir
-            self.bind(start.thread)
+            self.bind(thread)
             version = FilesVersion.of(tup.metadata, strict=True) if tup is not None else None
-            if tup is None or version is None:
-                return  # a new thread, or a checkpoint written without the wrapper
-            self.align(tup, version)
+            if tup is not None and version is not None:
+                self.align(tup, version)
+            # (else a new thread, or a checkpoint written without the wrapper)
+            return self.take(label)
 
     def align(self, tup: CheckpointTuple, version: FilesVersion) -> None:
         checkpoint_id = tup.checkpoint["id"]
+        if version.unbound is not None:
+            position = self.record.position or {}
+            if position.get("checkpoint") == checkpoint_id:
+                return  # the live files go on from it: nothing to bring back
+            self.unbound_run(tup, version)
+            return
         if version.snapshot == NO_FILES:
             self.clear_files(checkpoint_id)
             self.set_position(checkpoint_id, version)
@@ -379,9 +375,12 @@ class ThreadFiles:
     def where(self, checkpoint_id: str, version: FilesVersion, state: Mapping[str, Any]) -> str:
         """How the live tree stands to a checkpoint's files:
         "exact" (it is that snapshot), "after" (it follows that checkpoint, maybe
-        changed since), "elsewhere", or "foreign" (another run's files)."""
+        changed since), "elsewhere", or "foreign" (another run's files); for a
+        checkpoint whose files are unbound, "after" or "unbound"."""
         base = state.get("base")
         position = self.record.position
+        if version.unbound is not None:
+            return "after" if (position or {}).get("checkpoint") == checkpoint_id else "unbound"
         if version.run and state.get("run") and version.run != state.get("run"):
             if copied_with(state, version):
                 pass  # this run dir is a copy of that run, history included
@@ -403,6 +402,21 @@ class ThreadFiles:
         ):
             return "after"
         return "elsewhere"
+
+    def unbound_run(self, tup: CheckpointTuple, version: FilesVersion) -> None:
+        """A run from a checkpoint whose files were never bound: refuse (or,
+        with on_missing="keep", run on the live files and say so)."""
+        checkpoint_id = tup.checkpoint["id"]
+        reason = f"its files were not bound to a snapshot when it was written: {version.unbound}"
+        message = (f"checkpoint {checkpoint_id} cannot bring its files back: {reason}. "
+                   "(vfsd counts such checkpoints: `vfsd status` on the thread's run dir.)")
+        if self.owner.on_missing == "raise":
+            raise SnapshotUnavailable(
+                message + " Nothing was changed: the mount still shows its live files. Pass "
+                "on_missing='keep' to run on them anyway.",
+                checkpoint_id=checkpoint_id, snapshot="", reason=reason)
+        logger.warning("vfsd: %s Running on the live files (on_missing='keep').", message)
+        self.set_position(checkpoint_id, version)
 
     def unavailable(self, tup: CheckpointTuple, version: FilesVersion, reason: str) -> None:
         checkpoint_id = tup.checkpoint["id"]
@@ -461,10 +475,6 @@ class ThreadFiles:
     def take(self, label: str) -> FilesVersion:
         return FilesVersion.from_record(self.m.snapshot(label=label[:200], reuse=True))
 
-    def claim_boundary(self, checkpoint_id: str) -> FilesVersion | None:
-        with self.cache_lock:
-            return self.boundaries.pop(checkpoint_id, None)
-
     def files_version(self, plan: PutPlan, checkpoint: Checkpoint,
                       metadata: Mapping[str, Any]) -> FilesVersion:
         with self.lock:
@@ -473,14 +483,25 @@ class ThreadFiles:
             self.bind(plan.thread)
             if plan.from_run:
                 plan.moves_position = True
-                gated = self.claim_boundary(checkpoint["id"])
-                found = plan.claimed.version() if plan.claimed is not None else gated
-                if found is None:
-                    found = self.take(self.owner._label(plan.thread, checkpoint["id"], metadata))
-                with self.cache_lock:  # the step's file operations must not take another
-                    self.remember(checkpoint["id"], found)
-                return found
+                if plan.capture is None:
+                    return self.unbound(checkpoint["id"], plan.unbound or "no capture")
+                return plan.capture.version()
             return self.version_for_update(plan, checkpoint, metadata)
+
+    def unbound(self, checkpoint_id: str, reason: str) -> FilesVersion:
+        """A checkpoint whose files could not be bound: recorded, counted (the
+        daemon's `unbound_checkpoints`, in `vfsd status`) and logged."""
+        try:
+            count = self.m.note_unbound(checkpoint_id)
+        except ControlError as exc:
+            count = f"? ({exc})"
+        logger.warning(
+            "vfsd: checkpoint %s of thread %.80r has no snapshot of its files (%s); a run "
+            "from it will raise SnapshotUnavailable. Unbound checkpoints in this run dir: %s. "
+            "Give the graph a vfsd boundary channel: VfsdMiddleware in a Deep Agents graph, "
+            "a `files: FilesChannel` key in a StateGraph's state.",
+            checkpoint_id, self.record.thread, reason, count)
+        return FilesVersion.unbound_because(reason)
 
     def version_for_update(self, plan: PutPlan, checkpoint: Checkpoint,
                            metadata: Mapping[str, Any]) -> FilesVersion:
@@ -492,6 +513,12 @@ class ThreadFiles:
             # wrapper: the files are whatever the mount shows.
             plan.moves_position = True
             return self.take(label)
+        if parent.unbound is not None:
+            if (self.record.position or {}).get("checkpoint") == plan.parent_id:
+                plan.moves_position = True  # the live files go on from the parent
+                return self.take(label)
+            return self.unbound(checkpoint["id"], f"it forks checkpoint {plan.parent_id}, "
+                                f"whose files were not bound ({parent.unbound})")
         where = self.where(plan.parent_id or "", parent, self.m.snapshot_state())
         if where == "after":
             # The mount follows the parent and changed since: edits made
@@ -500,20 +527,6 @@ class ThreadFiles:
             return self.take(label)
         plan.moves_position = where == "exact"
         return parent  # exact, or the mount is elsewhere: the parent's files, as they were
-
-    def gate(self, boundary: str, pending: Pending | None, label: str) -> None:
-        """Before the first file operation of a step that starts from checkpoint
-        `boundary`: make sure the snapshot of that checkpoint's files exists."""
-        with self.lock:
-            with self.cache_lock:
-                if boundary in self.boundaries or boundary in self.versions:
-                    return
-            version = pending.version() if pending is not None else self.take(label)
-            with self.cache_lock:
-                if boundary not in self.versions:
-                    self.boundaries[boundary] = version
-                    while len(self.boundaries) > BOUNDARIES_KEPT:
-                        self.boundaries.popitem(last=False)
 
     # -- the remote tier: publication before (or shortly after) storing ------------------
 
@@ -533,12 +546,16 @@ class ThreadFiles:
 
     def remote_of(self, version: FilesVersion | None) -> str | None:
         """The bucket a checkpoint naming `version` records (None: none)."""
-        if version is not None and self.publish_mode() != "off" and self.remote_url:
+        if version is None or version.unbound is not None:
+            return None
+        if self.publish_mode() != "off" and self.remote_url:
             return self.remote_url
         return None
 
     def before_store(self, version: FilesVersion) -> None:
         """Apply the durability rule before a checkpoint naming `version` is stored."""
+        if version.unbound is not None:
+            return
         mode = self.publish_mode()
         if mode == "wait":
             self.sync(version.snapshot)
@@ -673,7 +690,7 @@ class ThreadFiles:
         return True
 
     def pin_interrupt(self, checkpoint_id: str | None, version: FilesVersion | None) -> None:
-        if version is None or not checkpoint_id:
+        if version is None or not checkpoint_id or version.unbound is not None:
             return
         with self.lock:
             with self.cache_lock:
@@ -744,7 +761,6 @@ class ThreadFiles:
             with self.cache_lock:
                 self.versions.clear()
                 self.pin_on_put.clear()
-                self.boundaries.clear()
 
     def release_unnamed(self, named: set[str]) -> list[str]:
         """Delete the snapshots no stored checkpoint names (`named`): the
@@ -813,7 +829,8 @@ class PutPlan:
     thread: str
     parent_id: str | None
     from_run: bool
-    claimed: Pending | None = None
+    capture: Capture | None = None
+    unbound: str | None = None  # why a run's checkpoint has no capture
     needs_parent: bool = False
     parent: FilesVersion | None = None
     moves_position: bool = False

@@ -73,6 +73,7 @@ def non_defaults(alt: bool = False) -> dict:
         "eviction_rules": [{"path": "a/**", "pin": True}] if alt else
         [{"path": "tool_outputs/**", "max_age_steps": 5}, {"path": "s/*.tmp",
                                                           "done_retention_steps": 0}],
+        "builtin_eviction_rules": False,
         "durability": "sync",
         "log_level": "warning" if alt else "debug",
         "allow_other": not alt,

@@ -213,8 +213,10 @@ def test_rules_by_path_first_match_wins(tmp_path: Path) -> None:
             (root / rel).write_text(rel)
         os.setxattr(root / "scratch/s.txt", "user.vfsd.status", b"done")
         status = json.loads((root / ".vfsd/status.json").read_text())
+        shown = status["eviction_policy"]["rules"]
         assert [{k: v for k, v in x.items() if k != "index"}
-                for x in status["eviction_policy"]["rules"]] == RULES
+                for x in shown[:len(RULES)]] == RULES
+        assert all(x["builtin"] for x in shown[len(RULES):])  # the built-in ones follow
         out = vfsd_cli("status", m.run_dir).stdout
         assert "rule 1" in out and "tool_outputs/**: max_age_steps 1" in out
         assert "rule 3" in out and "src/**: pin true" in out

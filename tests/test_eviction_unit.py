@@ -474,3 +474,45 @@ def test_rule_globs_match_in_time_linear_in_the_name() -> None:
     rx = compile_glob("**/*a*a*a*a*a*a*a*b/**/*c*c*c*d")
     assert not rx.fullmatch("/".join(["a" * 200] * 200) + "/" + "c" * 250)
     assert rx.fullmatch("x/aaaaaaab/y/z/ccccd")
+
+
+def test_rules_keep_their_order_whatever_their_first_name() -> None:
+    """A rule whose glob starts with a plain name is only tried for paths
+    under that name; the order (the user's first, then the built-in ones)
+    decides all the same."""
+    from vfsd.evictrules import RuleSet, volume_rules
+
+    rules = RuleSet(volume_rules([{"path": "**/*.log", "max_age_steps": 3},
+                                  {"path": "conversation_history/**", "pin": False},
+                                  {"path": "d*/x", "pin": True}]))
+    assert [r.path for r in rules.rules] == ["**/*.log", "conversation_history/**", "d*/x",
+                                             "conversation_history/**", "blobs/*"]
+    assert rules.match("conversation_history/a.log").index == 1
+    assert rules.match("conversation_history/a.md").index == 2  # the user's, not rule 4
+    assert rules.match("data/x").index == 3
+    assert rules.match("blobs/x").index == 5 and rules.match("blobs/x").builtin
+    assert rules.match("blobs/x/y") is None and rules.match("other/x") is None
+    assert RuleSet(volume_rules([], builtins=False)).match("blobs/x") is None
+
+
+def test_a_refusal_names_the_records_that_hold_the_room(make) -> None:
+    v = make(quota_bytes=3000)
+    root = v.store.root_ino
+    history = v.store.create(root, b"conversation_history", DIR, os.getuid(), os.getgid()).ino
+    record = v.file(b"session_1.md", b"r" * 2000, step=0, parent=history)
+    old = v.file(b"old", b"o" * 500, step=1)
+    writing = v.file(b"writing", step=2)
+    with pytest.raises(errors.QuotaExceeded) as info:
+        v.evictor.reserve(1100, writing)  # old goes; the record stays, so no room
+    assert not v.store.inode_exists(old) and v.store.inode_exists(record)
+    refusal = v.evictor.refusal
+    assert refusal["records"] == [{"rule_index": 1, "rule_path": "conversation_history/**",
+                                   "files": 1, "bytes": 2000}]
+    assert str(info.value) == refusal["message"]
+    assert "1 record file(s) of 2,000 bytes under built-in rule 1" in refusal["message"]
+    v.evictor.take_invalidations()
+    v.evictor.reserve(900, writing)  # fits without eviction: the refusal is still the last
+    assert v.evictor.refusal is refusal
+    more = v.file(b"more", b"m" * 300, step=3)
+    v.evictor.reserve(800, writing)  # room made by eviction: the refusal no longer holds
+    assert not v.store.inode_exists(more) and v.evictor.refusal is None

@@ -70,6 +70,9 @@ class Config:
     age_from: str = "use"
     #: ordered rules by path, the first match wins (`vfsd.evictrules`)
     eviction_rules: list = field(default_factory=list)
+    #: the built-in rules after them: records agent frameworks keep
+    #: (`vfsd.evictrules.BUILTIN_RULES`) are pinned; false drops them
+    builtin_eviction_rules: bool = True
     durability: str = "fsync"
     log_level: str = "info"
     allow_other: bool = False
@@ -149,6 +152,8 @@ class Config:
             raise ConfigError("allow_other must be true or false")
         if not isinstance(self.xattr_reads, bool):
             raise ConfigError("xattr_reads must be true or false")
+        if not isinstance(self.builtin_eviction_rules, bool):
+            raise ConfigError("builtin_eviction_rules must be true or false")
         if isinstance(self.entry_timeout, bool) or \
                 not isinstance(self.entry_timeout, int | float) or self.entry_timeout < 0:
             raise ConfigError("entry_timeout must be a non-negative number of seconds")

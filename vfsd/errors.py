@@ -43,6 +43,10 @@ class NoSpace(StoreError):
     errno = errno.ENOSPC
 
 
+class QuotaExceeded(NoSpace):
+    """The volume's quota (or max_files) refused the room, not the disk."""
+
+
 class InvalidArgument(StoreError):
     errno = errno.EINVAL
 

@@ -9,7 +9,11 @@ its last write (`"written"`). Opens are recorded in memory and written by the
 next pass (`flush_uses`), never one transaction per read.
 
 Ordered rules by path (`vfsd.evictrules`) set the limits or a pin of the files
-they match, the first match wins, the global policy last. A unit
+they match, the first match wins: the user's rules, then the built-in ones
+(records an agent framework keeps, pinned), the global policy last. A quota
+never takes a pinned file: when only such files (records among them) are
+left to take, the write that needs the room is refused with ENOSPC, and the
+refusal (`refusal`: the log, `vfsd status`) says what held the room. A unit
 (`vfsd.evictscope`: a git work tree, a virtualenv, a directory marked so) is
 evicted whole or not at all, by quota too: it goes when every file of it is
 due, so its age is its youngest file's, and one open file defers it all.
@@ -38,7 +42,7 @@ from vfsd.store.inode import STATUS_DONE, STATUS_NAMES
 
 from . import errors
 from .config import Config
-from .evictrules import Rule, RuleSet, parse_rules
+from .evictrules import Rule, RuleSet, volume_rules
 from .evictscope import Scope
 from .latency import Latency
 
@@ -89,7 +93,7 @@ class Policy:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.rules = RuleSet(parse_rules(config.eviction_rules))
+        self.rules = RuleSet(volume_rules(config.eviction_rules, config.builtin_eviction_rules))
         self.from_use = config.age_from == "use"
 
     def since(self, inode) -> int:
@@ -114,6 +118,18 @@ class Policy:
         if age > max_age:
             return "max_age"
         return None
+
+
+class HeldBack:
+    """What a quota pass passed over: records a built-in rule keeps (inos by
+    rule), other pinned files (and units) and open files (counts)."""
+
+    __slots__ = ("records", "pinned", "open")
+
+    def __init__(self) -> None:
+        self.records: dict[Rule, list[int]] = {}
+        self.pinned = 0
+        self.open = 0
 
 
 class UnitMembers:
@@ -147,6 +163,10 @@ class Evictor:
         self.after_step = None
         #: awaited before a background recheck (the volume's: waits while it is held)
         self.gate = None
+        # What the last quota pass could not take, and the last ENOSPC refusal
+        # of the quota or max_files (None once a write that needed room got it).
+        self.held = HeldBack()
+        self.refusal: dict | None = None
         # ino -> reason, for files that were due but open: reconsidered at
         # their last close (`closed`, `run_rechecks`).
         self.deferred: dict[int, str] = {}
@@ -315,6 +335,7 @@ class Evictor:
     def _plan_limits(self, decided: dict, scope: Scope, extra_bytes: int, extra_files: int,
                      exclude: int | None) -> None:
         cfg = self.config
+        held = self.held = HeldBack()
         counters = self.store.counters()
         used = self.usage(counters) + extra_bytes
         nfiles = counters["files"] + extra_files
@@ -333,9 +354,12 @@ class Evictor:
         if not (over_quota() or over_files()):
             return
         for _, ino in self.store.iter_index("agestep"):
-            if ino in decided or ino == exclude or ino in open_files:
+            if ino in decided or ino == exclude:
                 continue
-            group = self._quota_group(ino, scope, exclude)
+            if ino in open_files:
+                held.open += 1
+                continue
+            group = self._quota_group(ino, scope, exclude, held)
             if not group:
                 continue
             frees = sum(self._frees(i) for i, _ in group)
@@ -349,19 +373,28 @@ class Evictor:
             if not (over_quota() or over_files()):
                 return
 
-    def _quota_group(self, ino: int, scope: Scope, exclude: int | None) -> list | None:
+    def _quota_group(self, ino: int, scope: Scope, exclude: int | None,
+                     held: HeldBack) -> list | None:
         """What a quota must take to take `ino`: the file, or its whole unit;
-        None if a pin (of the file, a directory, a rule) or an open file keeps it."""
+        None if a pin (of the file, a directory, a rule) or an open file keeps
+        it, counted in `held`."""
         facts = scope.file_facts(ino)
         if facts is None:
             return None
         path, where = facts
         if where.pinned:
+            held.pinned += 1
             return None
         if where.unit is not None:
             members = self._unit_members(where.unit, scope)
             inos = [i for i, _, _ in members.files]
-            if members.kept or exclude in inos or any(i in self.files.files for i in inos):
+            if members.kept:
+                held.pinned += 1
+                return None
+            if any(i in self.files.files for i in inos):
+                held.open += 1
+                return None
+            if exclude in inos:
                 return None
             return [(i, {**_rule_fields(self.policy.rules.match(p) if self.policy.rules
                                         else None), "unit": members.path,
@@ -369,6 +402,10 @@ class Evictor:
                     for i, p, _ in members.files]
         rule = self.policy.rules.match(path) if self.policy.rules else None
         if rule is not None and rule.pin:
+            if rule.builtin:
+                held.records.setdefault(rule, []).append(ino)
+            else:
+                held.pinned += 1
             return None
         return [(ino, _rule_fields(rule))]
 
@@ -642,11 +679,16 @@ class Evictor:
         if self.usage() + grow <= quota:
             return
         self.run(extra_bytes=grow, exclude=ino)
-        if self.usage() + grow > quota:
+        usage = self.usage()
+        if usage + grow > quota:
             self.enospc_total += 1
-            log.warning("quota_exceeded", quota_bytes=quota, usage=self.usage(), needed=grow,
-                        ino=ino)
-            raise errors.NoSpace(f"quota of {quota} bytes exceeded")
+            self.refusal = self._refusal(
+                "quota_bytes", f"quota of {quota:,} bytes exceeded ({usage:,} in use, "
+                               f"{grow:,} more needed)", needed=grow, usage=usage)
+            log.warning("quota_exceeded", quota_bytes=quota, usage=usage, needed=grow, ino=ino,
+                        **self._refusal_fields())
+            raise errors.QuotaExceeded(self.refusal["message"])
+        self.refusal = None  # room was made: the last refusal no longer holds
 
     def reserve_file(self) -> None:
         """Make room for one more file under max_files."""
@@ -658,5 +700,52 @@ class Evictor:
         self.run(extra_files=1)
         if self.store.counters()["files"] >= limit:
             self.enospc_total += 1
-            log.warning("max_files_exceeded", max_files=limit)
-            raise errors.NoSpace(f"max_files limit of {limit} reached")
+            self.refusal = self._refusal("max_files", f"max_files limit of {limit:,} reached",
+                                         needed=1)
+            log.warning("max_files_exceeded", max_files=limit, **self._refusal_fields())
+            raise errors.QuotaExceeded(self.refusal["message"])
+        self.refusal = None
+
+    def _refusal(self, limit: str, what: str, **numbers: int) -> dict:
+        """The record of an ENOSPC refusal of `limit`: what the last pass could
+        not take, and the words that say so (`vfsd status`, the file tools)."""
+        held = self.held
+        records = []
+        for rule, inos in sorted(held.records.items(), key=lambda kv: kv[0].index):
+            size = 0
+            for i in inos:
+                try:
+                    size += self._frees(i)
+                except errors.NotFound:
+                    pass
+            records.append({"rule_index": rule.index, "rule_path": rule.path,
+                            "files": len(inos), "bytes": size})
+        kept = []
+        if records:
+            kept.append("; ".join(
+                f"{r['files']:,} record file(s) of {r['bytes']:,} bytes under built-in rule "
+                f"{r['rule_index']} ({r['rule_path']})" for r in records)
+                + ", which eviction never drops to make room (the only full copy of what "
+                  "left the model's context)")
+        if held.pinned:
+            kept.append(f"{held.pinned:,} pinned file(s)")
+        if held.open:
+            kept.append(f"{held.open:,} open file(s)")
+        if kept:
+            message = f"{what}: eviction took what it may; what holds the room is kept: " \
+                + "; ".join(kept)
+        else:
+            message = f"{what}: eviction found nothing more it may take"
+        if records:
+            message += (f". Raise {limit}, remove files, or give those paths a rule of your own "
+                        "(eviction_rules, ahead of the built-in ones)")
+        return {"limit": limit, "step": self.store.get_step(), "time": time.time(),
+                "message": message, "records": records, "pinned": held.pinned,
+                "open": held.open, **numbers}
+
+    def _refusal_fields(self) -> dict:
+        """What the log's refusal event adds: the records that held the room."""
+        rec = self.refusal or {}
+        if not rec.get("records"):
+            return {}
+        return {"kept_records": rec["records"], "why": rec["message"]}

@@ -18,6 +18,12 @@ name and `**` over names each remember only their last position (the
 classic wildcard walk), so a match costs at most the path's length times the
 glob's, whatever names the agent chose. (As a regex, `**/*_*_*_*_*.json`
 against three names froze the daemon 18-21 s in one step.)
+
+Built-in rules (`BUILTIN_RULES`) follow the user's: they keep what an agent
+framework holds as its canonical record, the only full copy of what left the
+model's context window (Deep Agents' summarized history). The user's rules
+come first, so one of them matching the same paths wins; the option
+`builtin_eviction_rules = false` drops the built-ins altogether.
 """
 
 from __future__ import annotations
@@ -31,6 +37,31 @@ RULE_KEYS = {"path": str, "max_age_steps": int, "done_retention_steps": int, "pi
 MAX_RULES = 256
 
 
+@dataclass(frozen=True, slots=True)
+class BuiltinRule:
+    """A rule vfsd applies unless told otherwise, and why."""
+
+    path: str
+    why: str
+    pin: bool = True
+
+
+#: What the pinned deepagents (0.7.32) keeps as the canonical record, written
+#: through the backend, so under the mount root (its `artifacts_root` is "/"):
+#: nothing else holds these bytes where the model can read them back.
+BUILTIN_RULES: tuple[BuiltinRule, ...] = (
+    BuiltinRule(
+        "conversation_history/**",
+        "Deep Agents' records: what summarization took out of the context window "
+        "(<session>.md, its media under media/) and oversized human messages "
+        "(<uuid>.md), which the model only sees as a preview naming the file"),
+    BuiltinRule(
+        "blobs/*",
+        "Deep Agents' offloaded media (offload_binary_content): a human message's "
+        "images and files, kept in the conversation as a digest only"),
+)
+
+
 class RuleError(ValueError):
     """A rule is wrong; the message names it and says how."""
 
@@ -42,7 +73,9 @@ class Rule:
     regex: Glob  # what `path` matches (`Glob.fullmatch`)
     max_age_steps: int | None = None
     done_retention_steps: int | None = None
-    pin: bool = False
+    pin: bool | None = None  # None: not given (the same as false)
+    #: why vfsd has this rule, for a built-in one (None: the user's)
+    builtin: str | None = None
 
     def as_dict(self) -> dict:
         out: dict = {"path": self.path}
@@ -50,12 +83,15 @@ class Rule:
             out["max_age_steps"] = self.max_age_steps
         if self.done_retention_steps is not None:
             out["done_retention_steps"] = self.done_retention_steps
-        if self.pin:
-            out["pin"] = True
+        if self.pin is not None:
+            out["pin"] = self.pin
+        if self.builtin is not None:
+            out["builtin"] = True
+            out["why"] = self.builtin
         return out
 
     def describe(self) -> str:
-        return f"rule {self.index} ({self.path})"
+        return f"{'built-in ' if self.builtin else ''}rule {self.index} ({self.path})"
 
 
 #: a `*` inside a name, and a `**` name
@@ -65,12 +101,15 @@ _STAR, _NAMES = object(), object()
 class Glob:
     """A compiled path glob (see the module docstring)."""
 
-    __slots__ = ("names",)
+    __slots__ = ("names", "first")
 
-    def __init__(self, names: list) -> None:
+    def __init__(self, names: list, first: str | None = None) -> None:
         # Each item: _NAMES, or a name's tokens (a character, "?", a class
         # regex of one character, or _STAR).
         self.names = names
+        # The first name when it is plain text (no wildcard): a path whose
+        # first name differs cannot match, whatever follows.
+        self.first = first
 
     def fullmatch(self, path: str) -> bool:
         """True if the whole of `path` (relative, "/"-separated) matches."""
@@ -133,7 +172,8 @@ def compile_glob(glob: str) -> Glob:
         if "**" in name:
             raise ValueError(f"'**' must be a whole name, got {name!r}")
         out.append(_name_tokens(name))
-    return Glob(out)
+    plain = not any(c in names[0] for c in "*?[")
+    return Glob(out, names[0] if plain else None)
 
 
 #: a name with at most this many stars is matched by a regex: on a name of at
@@ -222,26 +262,55 @@ def _parse_rule(index: int, raw) -> Rule:
             raise RuleError(f"{what}: {key} must be {kind}, got {value!r}")
     if len(raw) == 1:
         raise RuleError(f"{what}: sets nothing; give max_age_steps, done_retention_steps "
-                        "or pin")
+                        "or pin (pin = false: the global limits, ahead of a built-in rule)")
     try:
         regex = compile_glob(raw["path"])
     except ValueError as exc:
         raise RuleError(f"{what}: bad glob: {exc}") from None
     return Rule(index, raw["path"], regex, raw.get("max_age_steps"),
-                raw.get("done_retention_steps"), bool(raw.get("pin", False)))
+                raw.get("done_retention_steps"), raw.get("pin"))
+
+
+def builtin_rules(first_index: int) -> list[Rule]:
+    """The built-in rules, numbered from `first_index` (after the user's)."""
+    return [Rule(first_index + i, b.path, compile_glob(b.path), pin=b.pin, builtin=b.why)
+            for i, b in enumerate(BUILTIN_RULES)]
+
+
+def volume_rules(raw, builtins: bool = True) -> list[Rule]:
+    """A volume's rules in the order they are matched: the user's (`raw`,
+    see `parse_rules`), then the built-in ones unless `builtins` is false."""
+    rules = parse_rules(raw)
+    return rules + (builtin_rules(len(rules) + 1) if builtins else [])
 
 
 class RuleSet:
     """The compiled rules of a volume, matched first to last."""
 
+    #: first names whose candidate rules are remembered (a tree has few at its top)
+    HEADS_KEPT = 1024
+
     def __init__(self, rules: list[Rule]) -> None:
         self.rules = rules
+        self._by_head: dict[str, list[Rule]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
+    def _for_head(self, head: str) -> list[Rule]:
+        """The rules a path whose first name is `head` can match, in order:
+        a glob that starts with a plain name (`src/**`, the built-in ones)
+        only for that name, so most candidates meet only the globs that
+        start with a wildcard."""
+        got = self._by_head.get(head)
+        if got is None:
+            got = [r for r in self.rules if r.regex.first in (None, head)]
+            if len(self._by_head) < self.HEADS_KEPT:
+                self._by_head[head] = got
+        return got
+
     def match(self, path: str) -> Rule | None:
-        for rule in self.rules:
+        for rule in self._for_head(path.partition("/")[0]):
             if rule.regex.fullmatch(path):
                 return rule
         return None

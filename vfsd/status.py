@@ -33,6 +33,9 @@ def store_status(store) -> dict:
         "stored_bytes": stored,
         "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
         "snapshots": _snapshot_summary(store),
+        # Graph checkpoints whose files their checkpointer could not bind to a
+        # snapshot (mount_tool's VfsdCheckpointer counts them; a run from one refuses).
+        "unbound_checkpoints": c["unbound_checkpoints"],
         "remote": _remote_summary(store),
     }
 
@@ -91,12 +94,18 @@ def live_status(daemon) -> dict:
         # if still due (the first 100 paths).
         "eviction_deferred": ev.deferred_paths(100),
         # The policy as the evictor applies it: rules by path first (the first
-        # match wins), the global limits last.
+        # match wins: the user's, then the built-in ones, `builtin: true`, with
+        # why), the global limits last.
         "eviction_policy": {"age_from": daemon.config.age_from,
                             "max_age_steps": daemon.config.max_age_steps,
                             "done_retention_steps": daemon.config.done_retention_steps,
+                            "builtin_rules": daemon.config.builtin_eviction_rules,
                             "rules": [{"index": r.index, **r.as_dict()}
                                       for r in ev.policy.rules.rules]},
+        # The last write the quota or max_files refused (ENOSPC) and what held
+        # the room (records a built-in rule keeps, pinned or open files); None
+        # once a later write that needed room got it.
+        "quota_refusal": ev.refusal,
         "dirty_bytes": ops.files.dirty_bytes,
         "dirty_limit": ops.files.dirty_limit,
         "hot_files": len(daemon.store.hot_inodes()),

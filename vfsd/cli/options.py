@@ -28,6 +28,10 @@ def config_options(fn):
                      help='Ordered rules by path, the first match wins, as JSON: '
                           '[{"path": "tool_outputs/**", "max_age_steps": 5}, '
                           '{"path": "src/**", "pin": true}].'),
+        click.option("--builtin-eviction-rules/--no-builtin-eviction-rules", default=None,
+                     help="After your rules, keep the records agent frameworks write "
+                          "(conversation_history/**, blobs/*: pinned); --no-... drops "
+                          "them [on]."),
         click.option("--durability", type=click.Choice(["fsync", "sync"]),
                      help="fsync: durable on fsync() [default]; sync: also on close."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
@@ -95,7 +99,8 @@ def config_options(fn):
 
 
 OPTION_KEYS = ("inline_max", "chunk_size", "done_retention_steps", "max_age_steps",
-                "quota_bytes", "max_files", "age_from", "eviction_rules", "durability",
+                "quota_bytes", "max_files", "age_from", "eviction_rules",
+                "builtin_eviction_rules", "durability",
                 "log_level", "allow_other",
                 "entry_timeout", "commit_window", "max_tasks", "metrics_port", "snapshot_keep_last",
                 "snapshot_keep_steps", "snapshot_keep_bytes", "xattr_reads",

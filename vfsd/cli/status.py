@@ -167,6 +167,9 @@ def _text(doc: dict) -> str:
         ("xattrs", human(doc["xattr_bytes"])),
         ("snapshots", _snapshots_line(doc.get("snapshots"))),
     ]
+    if doc.get("unbound_checkpoints"):
+        pairs.append(("unbound checkpoints", f"{_count(doc['unbound_checkpoints'])} (graph "
+                      "checkpoints without a snapshot of their files: see the log)"))
     remote = doc.get("remote")
     if remote:
         backlog = remote.get("backlog", {})
@@ -197,8 +200,11 @@ def _text(doc: dict) -> str:
                                   f"{'last use' if policy['age_from'] == 'use' else 'last write'}"))
         for rule in policy["rules"]:
             sets = ", ".join(f"{k} {str(v).lower()}" for k, v in rule.items()
-                             if k not in ("index", "path"))
-            pairs.append((f"  rule {rule['index']}", f"{rule['path']}: {sets}"))
+                             if k not in ("index", "path", "builtin", "why"))
+            builtin = " (built-in)" if rule.get("builtin") else ""
+            pairs.append((f"  rule {rule['index']}{builtin}", f"{rule['path']}: {sets}"))
+        if policy.get("builtin_rules") is False:
+            pairs.append(("  built-in rules", "off (builtin_eviction_rules = false)"))
     if doc.get("disk_full"):
         pairs.append(("store disk", "FULL: writes are refused for lack of space"))
     if "quota_used_bytes" in doc:
@@ -206,6 +212,9 @@ def _text(doc: dict) -> str:
         pairs.append(("quota used", f"{human(doc['quota_used_bytes'])}{limit}"))
         if doc.get("quota_unlinked_bytes"):
             pairs.append(("  unlinked, still open", human(doc["quota_unlinked_bytes"])))
+    refusal = doc.get("quota_refusal")
+    if refusal:
+        pairs.append(("last refusal", f"at step {refusal['step']}: {refusal['message']}"))
     for key, value in doc.get("counters", {}).items():
         shown = human(value) if key in BYTE_COUNTERS else _count(value)
         pairs.append((key.replace("_", " "), shown))

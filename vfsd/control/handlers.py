@@ -336,6 +336,15 @@ class VolumeHandlers:
             raise RequestError("bad_request", "'key' is the hex key call_begin answered") from None
         return {"ended": self.ops.provenance.end(key)}
 
+    def op_note_unbound(self, req: dict) -> dict:
+        """Count a graph checkpoint whose files its checkpointer could not bind
+        to a snapshot (shown by `vfsd status`: there should be none)."""
+        checkpoint = arg(req, "checkpoint", str, "")
+        count = self.store.bump_meta(b"unbound_checkpoints")
+        log.warning("unbound_checkpoint", volume=self.store.volume,
+                    checkpoint=checkpoint[:200], count=count)
+        return {"count": count}
+
     def op_get_step(self, req: dict) -> dict:
         return {"step": self.store.get_step()}
 

@@ -69,7 +69,8 @@ def _parse_step(value: bytes) -> int:
 def _disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(exc, errors.NoSpace)
+    # A quota's refusal is the evictor's to log and count, not the disk's.
+    return isinstance(exc, errors.NoSpace) and not isinstance(exc, errors.QuotaExceeded)
 
 
 #: Inode fields a times-only SETATTR changes.

@@ -883,13 +883,20 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         with self.txn() as txn:
             return _get_u64(txn, self.db["meta"], self._vp + key, default)
 
+    def bump_meta(self, key: bytes) -> int:
+        """Add one to a per-volume u64 of `meta`; the new value."""
+        with self.txn(write=True) as txn:
+            value = _get_u64(txn, self.db["meta"], self._vp + key) + 1
+            txn.put(self._vp + key, _u64(value), db=self.db["meta"])
+        return value
+
     def counters(self) -> dict[str, int]:
         """Volume and store counters (files, bytes per tier, objects)."""
         m = self.db["meta"]
         with self.txn() as txn:
             out = {k: _get_u64(txn, m, self._vp + k.encode())
                    for k in ("files", "logical_bytes", "inline_bytes", "xattr_bytes",
-                             "orphan_bytes", "step")}
+                             "orphan_bytes", "step", "unbound_checkpoints")}
             for k in ("chunk_count", "chunk_bytes", "blob_count", "blob_bytes"):
                 out[k] = _get_u64(txn, m, k.encode())
             out["inodes_allocated"] = _get_u64(txn, m, self._vp + b"next_ino", 2) - 1
