@@ -103,11 +103,22 @@ class Replica:
             remotestate.set_remote_url(txn, self.store, "s3://bucket/p")
         self.open()
         self.recorded: dict[int, dict] = {}  # local retained snapshots' trees
-        self.base = 0  # the publisher's base: the last snapshot it published
 
     def open(self) -> None:
         self.files = OpenFiles(self.store, chunk_size=CS, inline_max=INLINE)
         self.snaps = Snapshots(self.store, keep_last=4, keep_steps=0)
+        self.base = 0
+
+    def set_base(self, seq: int) -> None:
+        """The publisher's base: held, as `Publisher` holds it, so retention keeps
+        the parent of the next delta (and the entries the delta needs)."""
+        if seq:
+            self.snaps.held[seq] += 1
+        if self.base:
+            self.snaps.held[self.base] -= 1
+            if not self.snaps.held[self.base]:
+                del self.snaps.held[self.base]
+        self.base = seq
 
     def fresh_volume(self) -> None:
         """A rebuild: the volume dropped and made again, empty."""
@@ -116,7 +127,6 @@ class Replica:
         self.store = Store(self.dir, "t1", chunk_size=CS)
         self.open()
         self.recorded = {}
-        self.base = 0
 
 
 class HandoffMachine(RuleBasedStateMachine):
@@ -226,7 +236,9 @@ class HandoffMachine(RuleBasedStateMachine):
         """A snapshot deleted here only (the head may keep it: a later catch-up
         here imports it again, between the snapshots kept)."""
         r = self.r
-        seqs = sorted(r.recorded)[:-1]
+        seqs = [s for s in sorted(r.recorded)[:-1] if not r.snaps.held[s]]
+        if not seqs:
+            return
         seq = seqs[i % len(seqs)]
         r.snaps.delete(f"s{seq}")
         del r.recorded[seq]
@@ -277,19 +289,20 @@ class HandoffMachine(RuleBasedStateMachine):
                     "entries": len(m.entries), "bytes": len(built.data),
                     "published_ns": 0, "imported": False})
                 remotestate.forget_published(txn, r.store, doomed)
-            r.base = seq
+            r.set_base(seq)
 
     # -- hand-offs
 
-    @rule(to=st.integers(0, 1), cut=st.none() | st.integers(0, 30))
-    def handoff(self, to: int, cut) -> None:
+    @rule(to=st.integers(0, 1), cut=st.none() | st.integers(0, 30), ahead=st.integers(0, 3))
+    def handoff(self, to: int, cut, ahead: int) -> None:
         """The next run on replica `to`: its history made the head's. With `cut`, the
         first import is cut short after that many steps, as by a crash, and the
-        catch-up is done again from the start."""
+        catch-up is done again from the start. `ahead`: ids the previous holder
+        announced beyond what it published (the next snapshot comes after them)."""
         r = self.replicas[to]
         if cut is not None:
-            self._catch_up(r, cut)
-        self._catch_up(r, None)
+            self._catch_up(r, cut, 0)
+        self._catch_up(r, None, self.head.latest + ahead)
         self.active = to
         self.ran = True
         assert sorted(s["seq"] for s in r.snaps.list()) == sorted(self.trees)
@@ -302,7 +315,8 @@ class HandoffMachine(RuleBasedStateMachine):
         rep = fsck(r.store, verify=True)
         assert rep.clean, rep.problems
 
-    def _catch_up(self, r: Replica, cut: int | None) -> None:
+    def _catch_up(self, r: Replica, cut: int | None, floor: int) -> None:
+        r.set_base(0)  # the run before ended: its publisher holds nothing
         head = self.head
         plan = history.plan(r.store, r.snaps, head)
         if plan.rebuild or (not head.snapshots and live_tree(r.store, r.files)):
@@ -335,14 +349,14 @@ class HandoffMachine(RuleBasedStateMachine):
             else:
                 for _ in steps:
                     pass
-        history.finish(r.store, head)
+        history.finish(r.store, r.snaps, head, floor)
         self._fetch_all(r)
         if head.latest:
             res = r.snaps.restore(f"s{head.latest}")
             for ino in res["unlinked"]:
                 r.store.free_inode(ino)
         r.recorded = dict(self.trees)
-        r.base = head.latest
+        r.set_base(head.latest)
 
     def _fetch_all(self, r: Replica) -> None:
         """What first reads would fetch: every chunk the volume names and lacks."""

@@ -43,7 +43,7 @@ from vfsd.remote.lease import Lease, LeaseHeld
 from vfsd.remote.manifest import ManifestError
 from vfsd.remote.objstore import RemoteError
 from vfsd.remote.publisher import NotPublishable, SyncTimeout
-from vfsd.remote.shardtier import Run, ShardTier
+from vfsd.remote.shardtier import SEQ_FLOOR_SLACK, SEQ_RESERVE, Run, ShardTier, seq_floor
 from vfsd.snapshots.snapshots import drop_volume_in_steps, snapshot_id
 from vfsd.store import remotestate
 from vfsd.store.store import Store
@@ -188,7 +188,9 @@ class ThreadRuns:
                                                  name, thread, view.run_id)
             except _REMOTE_ERRORS as exc:
                 raise _remote_error(exc) from None
-            lease = await self._take_lease(rec.run, deadline, expect=how != "created")
+            lease = await self._take_lease(rec.run, deadline, expect=how != "created",
+                                           local_seq=view.meta_u64(b"snap_seq")
+                                           if view.run_id == rec.run else 0)
             try:
                 got = await self._fenced(rec, lease, name)
                 if got is None:
@@ -221,11 +223,16 @@ class ThreadRuns:
         self.shard._check_thread(view, thread)
         return view
 
-    async def _take_lease(self, run: str, deadline: float, *, expect: bool) -> Lease:
+    async def _take_lease(self, run: str, deadline: float, *, expect: bool,
+                          local_seq: int = 0) -> Lease:
         """The run's lease, waiting until `deadline` for another holder's to be
-        released or to lapse; `lease_held` (naming the holder) after that."""
+        released or to lapse; `lease_held` (naming the holder) after that. It
+        announces the snapshot ids this run may use (`seq_floor`: above what
+        this volume and the lease's previous holder used)."""
         lease = Lease(self.tier.objstore, run, ttl=self.config.remote_lease_ttl,
-                      owner=self.tier.owner)
+                      owner=self.tier.owner, extra_for=lambda previous: {
+                          "seq_floor": max(local_seq, seq_floor(
+                              previous.record if previous else None)) + SEQ_RESERVE})
         lease.expect_existing = expect
         while True:
             try:
@@ -302,7 +309,12 @@ class ThreadRuns:
                     prep = await self._in_thread(importer.prepare, seq)
                     await _steps(importer.apply(prep))
                     imported.append(snapshot_id(seq))
-                history.finish(st, head)
+                # Ids a crashed predecessor announced are never given to other files.
+                floor = seq_floor(lease.replaced)
+                if floor > max(head.latest, st.meta_u64(b"snap_seq")) + SEQ_FLOOR_SLACK:
+                    log.warning("seq_floor_ignored", volume=name, floor=floor)
+                    floor = 0
+                history.finish(st, snaps, head, floor)
         except _REMOTE_ERRORS as exc:
             raise _remote_error(exc) from None
         finally:

@@ -503,12 +503,20 @@ class Importer:
         yield "record", prep.seq
 
 
-def finish(st: Store, head: Head) -> None:
+def finish(st: Store, snaps: Snapshots, head: Head, floor: int = 0) -> None:
     """After a catch-up: the next snapshot's seq comes after everything the
-    head lists (and after every seq this volume ever used)."""
+    head lists, every seq this volume ever used, and `floor` (the ids an
+    earlier holder of the run may have used without publishing them)."""
     with st.txn(write=True) as txn:
         key = st._vp + b"snap_seq"
         raw = txn.get(key, db=st.db["meta"])
-        if raw is None or _U64.unpack(raw)[0] < head.latest:
-            txn.put(key, _U64.pack(head.latest), db=st.db["meta"])
+        last = _U64.unpack(raw)[0] if raw is not None else 0
+        want = max(head.latest, floor)
+        if last < want:
+            txn.put(key, _U64.pack(want), db=st.db["meta"])
+            if not last:
+                # Never snapshotted: the first snapshot must record the whole
+                # tree, which a snapshot after the first finds marked changed.
+                for _, _, okey in list(snaps._live_okeys(txn)):
+                    txn.put(st._vb + okey, b"", db=st.db["sdirty"])
     st.reload_snapshot_state()

@@ -166,6 +166,9 @@ class Lease:
         self.expect_existing = False
         #: successful renewals so far (a figure: one request each)
         self.renewals = 0
+        #: the record this lease replaced when it was taken over (None: it made
+        #: a new one), for a holder that must know what its predecessor said
+        self.replaced: dict | None = None
 
     # ---------------------------------------------------------------- state
 
@@ -334,6 +337,7 @@ class Lease:
                 etag = self.store.put(self.key, self._body(generation), if_match=state.etag)
             except (RemoteConflict, RemoteNotFound):
                 continue  # somebody else moved first: look again
+            self.replaced = state.record
             self._won(etag, generation, sent)
             log.info("lease_taken_over", run=self.run_id, generation=generation,
                      previous=(state.record or {}).get("owner"))

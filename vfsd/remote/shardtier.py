@@ -55,6 +55,19 @@ log = structlog.get_logger("vfsd.remote")
 
 #: store-wide meta key (the base handle's own): the lease owner token of this shard
 OWNER_KEY = b"remote_owner"
+#: snapshot ids a run announces ahead in its lease (`seq_floor`), so a snapshot
+#: seldom waits for a lease write
+SEQ_RESERVE = 8
+#: a predecessor's floor further than this above what is known is damaged: ignored
+SEQ_FLOOR_SLACK = 1_000_000
+
+
+def seq_floor(record: dict | None) -> int:
+    """The `seq_floor` a lease record announces (0: none, or damaged)."""
+    got = (record or {}).get("seq_floor")
+    if not isinstance(got, int) or isinstance(got, bool) or not 0 <= got < 1 << 62:
+        return 0
+    return got
 
 
 class ShardTierError(Exception):
@@ -175,6 +188,12 @@ class Run:
         self.scope = trio.CancelScope()
         self.done = trio.Event()
         self.renewals = 0
+        self.extending = False
+        self.announcing = trio.Lock()
+
+    def floor(self) -> int:
+        """The highest snapshot id the run's lease announces it may use."""
+        return seq_floor(self.lease.extra)
 
     def describe(self) -> dict:
         return {"run": self.run_id, "generation": self.generation, "token": self.token,
@@ -246,8 +265,55 @@ class VolumeTier(ChunkLink):
         return self.writable()
 
     def kick(self) -> None:
+        """A snapshot was taken: publish it; announce more ids ahead if few are left."""
         if self.publisher is not None:
             self.publisher.kick()
+        run = self.run
+        if run is not None and self.state == "held" and not run.extending and \
+                run.floor() - self.store.meta_u64(b"snap_seq") < SEQ_RESERVE // 2:
+            run.extending = True
+            self.nursery.start_soon(self._extend_floor, run)
+
+    async def before_snapshot(self) -> None:
+        """Before a snapshot takes the next id: that id must be announced in the
+        run's lease (`seq_floor`), so a successor after a crash never gives the
+        same id to other files (a checkpoint may name it before it is published).
+        NotPublishable when it cannot be announced now."""
+        run = self.run
+        if run is None:
+            return
+        need = self.store.meta_u64(b"snap_seq") + 1
+        if need <= run.floor():
+            return
+        try:
+            await self._announce(run, need + SEQ_RESERVE - 1)
+        except Exception as exc:  # noqa: BLE001 - said to the caller, nothing taken
+            raise NotPublishable(f"snapshot id s{need} cannot be announced in the run's "
+                                 f"lease ({exc}); no snapshot was taken") from None
+
+    async def _extend_floor(self, run: Run) -> None:
+        try:
+            await self._announce(run, self.store.meta_u64(b"snap_seq") + SEQ_RESERVE)
+        except Exception as exc:  # noqa: BLE001 - the next snapshot tries again
+            log.info("seq_floor_not_extended", volume=self.volume_name, error=str(exc))
+        finally:
+            run.extending = False
+
+    async def _announce(self, run: Run, floor: int) -> None:
+        """Write `floor` into the run's lease (a renewal). Until one lands, the
+        run uses no id above what the bucket has (a failed write falls back)."""
+        async with run.announcing:
+            lease = run.lease
+            old = seq_floor(lease.extra)
+            if floor <= old:
+                return
+            lease.extra["seq_floor"] = floor
+            try:
+                await trio.to_thread.run_sync(lease.renew, abandon_on_cancel=True)
+            except BaseException:
+                if lease.extra.get("seq_floor") == floor:
+                    lease.extra["seq_floor"] = old
+                raise
 
     # ---------------------------------------------------------------- states
 
@@ -300,6 +366,9 @@ class VolumeTier(ChunkLink):
         lease = run.lease
         released = False
         if release and lease is not None and lease.valid:
+            if not (self.publisher and self.publisher.unpublished()):
+                # Every id used is published: the next run goes on from the last.
+                lease.extra["seq_floor"] = self.store.meta_u64(b"snap_seq")
             await trio.to_thread.run_sync(lease.release)
             released = True
         self.run = None
@@ -352,7 +421,7 @@ class VolumeTier(ChunkLink):
         """In a worker thread: the lease again, if nobody else wrote the head since
         this run fenced it; None (the run lost) otherwise."""
         lease = Lease(self.objstore, run.run_id, ttl=self.config.remote_lease_ttl,
-                      owner=self.shard.owner)
+                      owner=self.shard.owner, extra={"seq_floor": run.floor()})
         try:
             lease.acquire()
         except LeaseHeld as exc:
