@@ -43,7 +43,14 @@ from vfsd.remote.lease import Lease, LeaseHeld
 from vfsd.remote.manifest import ManifestError
 from vfsd.remote.objstore import RemoteError
 from vfsd.remote.publisher import NotPublishable, SyncTimeout
-from vfsd.remote.shardtier import SEQ_FLOOR_SLACK, SEQ_RESERVE, Run, ShardTier, seq_floor
+from vfsd.remote.shardtier import (
+    SEQ_FLOOR_SLACK,
+    SEQ_RESERVE,
+    Run,
+    ShardTier,
+    process_start,
+    seq_floor,
+)
 from vfsd.snapshots.snapshots import drop_volume_in_steps, snapshot_id
 from vfsd.store import remotestate
 from vfsd.store.store import Store
@@ -147,7 +154,10 @@ class ThreadRuns:
         force = arg(req, "force", bool, False)
         token = self._token(req)
         who = peer.get()
-        pid = who[0] if who else 0
+        pid = arg(req, "pid", int, who[0] if who else 0)
+        if pid and process_start(pid) is None:
+            raise RequestError("bad_request", f"'pid': no process {pid} here (the process "
+                                              "whose life bounds the run; 0: none)")
         deadline = trio.current_time() + wait
         t0 = time.perf_counter()
         box = [0]

@@ -43,7 +43,8 @@ gc/lease                             held while a GC sweep may delete chunks
     One writer per run (`vfsd.remote.lease`). A small JSON object:
     `{"vfsd_lease": 1, "run", "owner": {"host", "pid", "token"}, "generation",
     "ttl", "acquired_at", "renewed_at", "expires_at", "released", "seq",
-    "session"}`. Created with `If-None-Match: *`; renewed, released and taken
+    "session", "seq_floor"?}` (`seq_floor`: a shard run's, see "Shard
+    threads" below). Created with `If-None-Match: *`; renewed, released and taken
     over with `If-Match: <ETag>` only. `generation` grows by one at every
     acquisition (one above the record replaced), also when a restarted daemon
     takes back its own lease: it is the run's fencing token, and no two
@@ -308,14 +309,20 @@ Shard threads: one run at a time, on any replica (`shardtier`, `vfsd.replicas`).
     a run's seqs are its head's; a local snapshot counts as the head's only
     when the head lists its seq with the same step and creation time and
     this volume recorded it published; every other is dropped or imported.
+    Why an id never names two snapshots: a holder announces in its lease,
+    before it takes a snapshot, the highest id it may use (`seq_floor`, a few
+    ahead, so a snapshot seldom waits for the write; a snapshot that cannot be
+    announced is refused), and writes the exact last id when it ends with
+    everything published; a begin numbers its snapshots above the floor of
+    the lease record it replaced. So a snapshot a crash kept from the head
+    has an id no replica gives to other files.
     What a crash loses: the unpublished tail of the crashed run (snapshots
     not yet in the head, files never snapshotted), after at most
     `remote_lease_ttl` + 1 s (the lapse) before another replica runs the
     thread from what was published. A checkpointer that stores a checkpoint
     only once its snapshot is published (`publish="wait"`) loses no stored
     checkpoint's files; one that stores them ahead of publication loses those
-    checkpoints' snapshots, and their ids may then name another run's
-    snapshots on the replica that continues. What a tenant of the prefix can
+    checkpoints' snapshots: restoring one says `not_found`, never other files. What a tenant of the prefix can
     and cannot do: it cannot make a replica serve another thread's files (the
     record's thread id, the head's run and thread, the manifests' run and seq
     and checksums are all checked), nor make GC delete another thread's run
