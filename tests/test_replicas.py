@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -194,8 +196,13 @@ def test_delete_on_one_replica_then_the_id_starts_empty_on_the_other(pair):
     assert record["state"] == "deleted" and run in record["old_runs"]
     # B still has the old files cached; the id used again starts empty there.
     assert b.files(t) == expect({"secret.md": "old thread\n"})
+    assert b.begin(t.upper())  # another thread: the prune leaves it alone
+    b.end(t.upper())
+    # A replica can drop its copies of deleted threads before their next run.
+    pruned = b.call("remote_prune")
+    assert tkey(t) in pruned["dropped"] and tkey(t.upper()) not in pruned["dropped"]
     got = b.begin(t)
-    assert got["run"] != run and got["rebuilt"] and got["snapshots"] == []
+    assert got["run"] != run and got["snapshots"] == []
     assert b.files(t) == {}
     write(b, t, {"new.md": "new thread\n"})
     b.snapshot(t)
@@ -333,3 +340,92 @@ def test_sigkill_mid_run_the_other_replica_continues_from_what_was_published(
         a.stop()
         b.stop()
     assert not b.log_errors(), b.log_errors()
+
+
+def test_two_begins_at_once_one_wins_and_the_files_never_mix(pair):
+    a, b, _ = pair
+    t = "race"
+    results: dict[str, dict] = {}
+
+    def begin(name: str, r: Replica) -> None:
+        results[name] = r.request("remote_begin", volume=tkey(t), thread=t, wait=1.5)
+
+    threads = [threading.Thread(target=begin, args=(n, r)) for n, r in (("a", a), ("b", b))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    won = [n for n, reply in results.items() if reply["ok"]]
+    lost = [n for n, reply in results.items() if not reply["ok"]]
+    assert len(won) == 1 and len(lost) == 1, results
+    assert results[lost[0]]["error"]["code"] == "lease_held"
+    winner, loser = (a, b) if won == ["a"] else (b, a)
+    write(winner, t, {"w.txt": "winner's\n"})
+    winner.snapshot(t)
+    winner.end(t)
+    loser.begin(t, wait=5)
+    assert loser.files(t) == expect({"w.txt": "winner's\n"})
+    loser.end(t)
+
+
+def test_a_replica_that_lost_its_lease_never_overwrites_the_new_holder(
+        s3_server, tmp_path, monkeypatch):  # noqa: F811
+    from freeze import freeze
+
+    use_server(s3_server, monkeypatch)
+    url = s3_server.unique_url("fenced")
+    a = Replica(tmp_path / "a", url).start()
+    b = Replica(tmp_path / "b", url).start()
+    try:
+        t = "fenced"
+        a.begin(t)
+        write(a, t, {"a.md": "a's\n"})
+        s1 = a.snapshot(t)
+        a.call("sync", volume=tkey(t), snapshot=s1)
+        # A pauses (a long GC pause, a stopped VM) past its lease; B takes the thread.
+        freeze(a.pid())
+        try:
+            got = b.begin(t, wait=30)
+            assert got["latest"] == s1
+            write(b, t, {"b.md": "b's\n"})
+            s2 = b.snapshot(t)
+            b.end(t)
+        finally:
+            os.kill(a.pid(), signal.SIGCONT)
+        # A wakes up: it finds the run gone and writes nothing more to it.
+        deadline = time.monotonic() + 30
+        while a.call("remote_runs")["runs"][0]["state"] != "lost":
+            assert time.monotonic() < deadline, a.call("remote_runs")
+            time.sleep(0.2)
+        with pytest.raises(OSError) as exc:
+            a.path(t, "late.md").write_text("after the pause")
+        assert exc.value.errno == errno.EROFS
+        assert a.error("snapshot", volume=tkey(t))["code"] == "read_only"
+        assert a.error("remote_end", volume=tkey(t))["code"] == "not_publishable"
+        got = a.begin(t)
+        assert got["imported"] == [s2]
+        assert a.files(t) == expect({"a.md": "a's\n", "b.md": "b's\n"})
+        a.end(t)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_stopped_replica_gives_its_threads_back_at_once(s3_server, tmp_path,
+                                                           monkeypatch):  # noqa: F811
+    use_server(s3_server, monkeypatch)
+    url = s3_server.unique_url("stopped")
+    a = Replica(tmp_path / "a", url).start()
+    b = Replica(tmp_path / "b", url).start()
+    try:
+        t = "stopped"
+        a.begin(t)
+        write(a, t, {"x.md": "x\n"})
+        a.call("sync", volume=tkey(t), snapshot=a.snapshot(t))
+        a.stop()
+        got = b.begin(t, wait=0)  # no lapse to wait for: A released its lease
+        assert b.files(t) == expect({"x.md": "x\n"}) and got["generation"] == 2
+        b.end(t)
+    finally:
+        a.stop()
+        b.stop()

@@ -95,7 +95,7 @@ class ThreadRuns:
         self._locks: dict[str, trio.Lock] = {}
         self.ops = {"remote_begin": self.op_remote_begin, "remote_end": self.op_remote_end,
                     "remote_delete": self.op_remote_delete, "remote_copy": self.op_remote_copy,
-                    "remote_runs": self.op_remote_runs}
+                    "remote_runs": self.op_remote_runs, "remote_prune": self.op_remote_prune}
 
     def _lock(self, name: str) -> trio.Lock:
         lock = self._locks.get(name)
@@ -432,6 +432,45 @@ class ThreadRuns:
         return {"volume": name, **out,
                 "published": snapshot_id(max(published)) if published else None,
                 "duration_ms": round((time.perf_counter() - t0) * 1000, 1)}
+
+    async def op_remote_prune(self, req: dict) -> dict:
+        """Drop the local copies of threads deleted elsewhere (a tombstone), or
+        whose record names another run now (a new run after a delete): a
+        replica keeps them until the thread's next run here otherwise. One
+        request per local volume, `limit` volumes at most (default all)."""
+        limit = arg(req, "limit", int, 1 << 30)
+        out = {"checked": 0, "dropped": [], "busy": []}
+        for raw in self.shard.volume_names():
+            if out["checked"] >= limit:
+                break
+            name = raw.decode()
+            async with self._lock(name):
+                if self._running(name) is not None:
+                    continue
+                try:
+                    view = self.shard.store.view(name)
+                except NoSuchVolume:
+                    continue
+                out["checked"] += 1
+                try:
+                    rec = await self._in_thread(threads.read_record, self.tier.objstore, name)
+                except _REMOTE_ERRORS as exc:
+                    log.warning("prune_record_unreadable", volume=name, error=str(exc))
+                    continue
+                if rec is None or (rec.live and rec.run == view.run_id):
+                    continue
+                volume = self.shard.loaded.get(name)
+                try:
+                    if volume is not None:
+                        await self.shard._let_go(volume)
+                except RequestError:
+                    out["busy"].append(name)
+                    continue
+                await drive(drop_volume_in_steps(self.shard.store, name))
+                out["dropped"].append(name)
+                log.info("volume_pruned", volume=name,
+                         why="deleted" if not rec.live else f"its thread runs {rec.run} now")
+        return out
 
     def op_remote_runs(self, req: dict) -> dict:
         """The runs this shard holds now."""

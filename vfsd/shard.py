@@ -490,7 +490,8 @@ class ShardDaemon(DaemonBase):
 
 
 #: the ops of a shard's remote tier (`vfsd.replicas`)
-REMOTE_OPS = ("remote_begin", "remote_end", "remote_delete", "remote_copy", "remote_runs")
+REMOTE_OPS = ("remote_begin", "remote_end", "remote_delete", "remote_copy", "remote_runs",
+              "remote_prune")
 
 
 def _invalidate_entry(parent: int, name: bytes, deleted: int) -> None:
