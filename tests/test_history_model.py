@@ -95,6 +95,10 @@ def snap_tree(store: Store, snaps: Snapshots, seq: int) -> dict:
     return out
 
 
+class _Crash(Exception):
+    """A catch-up cut short."""
+
+
 class Replica:
     def __init__(self, root: str, name: str) -> None:
         self.dir = os.path.join(root, name)
@@ -295,9 +299,9 @@ class HandoffMachine(RuleBasedStateMachine):
 
     @rule(to=st.integers(0, 1), cut=st.none() | st.integers(0, 30), ahead=st.integers(0, 3))
     def handoff(self, to: int, cut, ahead: int) -> None:
-        """The next run on replica `to`: its history made the head's. With `cut`, the
-        first import is cut short after that many steps, as by a crash, and the
-        catch-up is done again from the start. `ahead`: ids the previous holder
+        """The next run on replica `to`: its history made the head's. With `cut`, a
+        first catch-up is cut short after that many transactions, as by a crash,
+        and the catch-up is done again from the start. `ahead`: ids the previous holder
         announced beyond what it published (the next snapshot comes after them)."""
         r = self.replicas[to]
         if cut is not None:
@@ -316,19 +320,35 @@ class HandoffMachine(RuleBasedStateMachine):
         assert rep.clean, rep.problems
 
     def _catch_up(self, r: Replica, cut: int | None, floor: int) -> None:
+        """A catch-up, or (with `cut`) one cut short after `cut` transactions of
+        its truncation and imports, as by a crash."""
+        history.STEP_BUDGET_S = 0.0 if cut is not None else 0.02
+        try:
+            self._catch_up_steps(r, cut, floor)
+        except _Crash:
+            return
+        finally:
+            history.STEP_BUDGET_S = 0.02
+
+    def _catch_up_steps(self, r: Replica, cut: int | None, floor: int) -> None:
+        done = [0]
+
+        def run(steps) -> None:
+            for _ in steps:
+                done[0] += 1
+                if cut is not None and done[0] > cut:
+                    raise _Crash
+
         r.set_base(0)  # the run before ended: its publisher holds nothing
         head = self.head
         plan = history.plan(r.store, r.snaps, head)
         if plan.rebuild or (not head.snapshots and live_tree(r.store, r.files)):
             r.fresh_volume()
             plan = history.plan(r.store, r.snaps, head)
-        for _ in history.clean_pending(r.store, r.snaps):
-            pass
+        run(history.clean_pending(r.store, r.snaps))
         if plan.truncate or plan.dropped:
-            for _ in history.truncate(r.store, r.snaps, plan.above, plan.dropped):
-                pass
-        for _ in history.retire(r.snaps, plan.retired):
-            pass
+            run(history.truncate(r.store, r.snaps, plan.above, plan.dropped))
+        run(history.retire(r.snaps, plan.retired))
 
         def fetch(seq: int):
             return decode(self.manifests[seq], run=RUN, seq=seq)
@@ -336,19 +356,9 @@ class HandoffMachine(RuleBasedStateMachine):
         source = history.ManifestSource(fetch)
         imp = history.Importer(r.store, r.snaps, head, source, plan.same)
         for seq in plan.imports:
-            prep = imp.prepare(seq)
-            steps = imp.apply(prep)
-            if cut is not None:
-                history.STEP_BUDGET_S = 0.0
-                try:
-                    for n, _ in enumerate(steps):
-                        if n >= cut:
-                            return  # "crash": the rest is done by the next catch-up
-                finally:
-                    history.STEP_BUDGET_S = 0.02
-            else:
-                for _ in steps:
-                    pass
+            run(imp.apply(imp.prepare(seq)))
+        if cut is not None:
+            return  # nothing was cut: the next catch-up finds nothing to do
         history.finish(r.store, r.snaps, head, floor)
         self._fetch_all(r)
         if head.latest:

@@ -156,18 +156,36 @@ def truncate_needed(st: Store, above: int) -> bool:
 
 
 def clean_pending(st: Store, snaps: Snapshots):
-    """Remove the stray entries of an import a crash cut short (a generator of
-    short transactions)."""
+    """After an import a crash cut short (a generator of short transactions): drop
+    the entries at its seq that no snapshot needs (those of an insertion between
+    kept snapshots). Entries it wrote that are needed stay: an import of that
+    snapshot again finds them right, and one newer than what the head lists
+    goes with the truncation. Entries at that seq from this volume's own
+    snapshot of the same id (deleted here since) are needed, and stay."""
     seq = st.meta_u64(IMPORT_PENDING)
     if not seq:
         return
     with st.txn() as txn:
         recorded = txn.get(st._vb + _U64.pack(seq), db=st.db["snap"]) is not None
-    if not recorded:
-        yield from _drop_entries(st, snaps, seq, seq)
+        retained = sorted(s["seq"] for s in snaps.list())
+        stray = []
+        if not recorded:
+            for _, okey in snaps._written_between(txn, seq - 1, seq):
+                nxt = snaps._next_entry_seq(txn, okey, seq)
+                if nxt is not None and not any(seq <= s < nxt for s in retained):
+                    got = snaps.value_at(txn, okey, seq)
+                    stray.append((okey, got[1] if got else b""))
+    for i in range(0, len(stray), 256):
+        refs: Counter = Counter()
+        with st.txn(write=True) as txn:
+            for okey, value in stray[i:i + 256]:
+                snaps._drop_entry(txn, okey, seq, value, refs)
+            freed = st.apply_refs(txn, refs)
+        st._delete_unreferenced(freed)
+        yield "stray", i
     with st.txn(write=True) as txn:
         txn.delete(st._vp + IMPORT_PENDING, db=st.db["meta"])
-    log.info("import_cleaned", volume=st.volume, snapshot=snapshot_id(seq))
+    log.info("import_cleaned", volume=st.volume, snapshot=snapshot_id(seq), stray=len(stray))
 
 
 def truncate(st: Store, snaps: Snapshots, above: int, dropped: list[dict]):
@@ -292,9 +310,9 @@ class Prepared:
     seq: int
     record: dict
     published: dict
-    # per object: [("put" | "drop", okey, seq, value)], puts first; "dirty" marks
+    # per object: [("put" | "drop" | "dirty", okey, seq, value)], applied in one
+    # transaction, puts first
     ops: list[list[tuple[str, bytes, int, bytes]]] = field(default_factory=list)
-    dirty: list[bytes] = field(default_factory=list)
     sizes: dict[bytes, int] = field(default_factory=dict)  # ref -> object size
     blobs: dict[bytes, bytes] = field(default_factory=dict)  # small objects of the puts
     max_ino: int = 0
@@ -436,7 +454,9 @@ class Importer:
             # The entry before now covers no retained snapshot: not needed any more.
             ops.append(("drop", okey, got[0], cur))
         if s_min is None and nxt is None:
-            prep.dirty.append(okey)  # its newest entry changed: the live tree may differ
+            # Its newest entry changed: the live tree may differ. Marked in the
+            # same transaction as the entry, so a crash leaves neither or both.
+            ops.append(("dirty", okey, seq, b""))
         return ops
 
     # ------------------------------------------------------------ applying
@@ -461,6 +481,11 @@ class Importer:
                         if kind == "drop":
                             snaps._drop_entry(txn, okey, s, value, refs)
                             continue
+                        if kind == "dirty":
+                            txn.put(st._vb + okey, b"", db=st.db["sdirty"])
+                            txn.put(st._vp + b"base_changed", _U64.pack(1), db=meta)
+                            st.base_clean = False
+                            continue
                         old = txn.get(key, db=st.db["sver"])
                         if old is not None:  # written over: its references go
                             for ref in entry_refs(okey, bytes(old)):
@@ -482,12 +507,7 @@ class Importer:
             st._delete_unreferenced(freed)
             yield "entries", i
         with st.txn(write=True) as txn:
-            vb = st._vb
-            for okey in prep.dirty:
-                txn.put(vb + okey, b"", db=st.db["sdirty"])
-            if prep.dirty:
-                txn.put(st._vp + b"base_changed", _U64.pack(1), db=meta)
-            key = vb + _U64.pack(prep.seq)
+            key = st._vb + _U64.pack(prep.seq)
             txn.put(key, json.dumps(prep.record).encode(), db=st.db["snap"])
             txn.delete(key, db=st.db["sgone"])
             remotestate.record_published(txn, st, prep.seq, prep.published)
@@ -496,8 +516,6 @@ class Importer:
                 if raw is None or _U64.unpack(raw)[0] < value:
                     txn.put(st._vp + mkey, _U64.pack(value), db=meta)
             txn.delete(st._vp + IMPORT_PENDING, db=meta)
-        if prep.dirty:
-            st.base_clean = False
         st.reload_snapshot_state()
         self.known.add(prep.seq)
         yield "record", prep.seq
