@@ -258,9 +258,12 @@ class HandoffMachine(RuleBasedStateMachine):
             r.store.free_inode(ino)
         assert live_tree(r.store, r.files) == r.recorded[seq]
 
-    @rule()
-    def publish(self) -> None:
-        """Publish every unpublished snapshot, oldest first, as the publisher does."""
+    @rule(follow=st.booleans())
+    def publish(self, follow: bool) -> None:
+        """Publish every unpublished snapshot, oldest first, as the publisher does:
+        the head keeps the last few (`follow` False, a policy of its own) or what
+        the replica keeps (`follow`, a shard run's), with the ancestors kept
+        deltas need (marked retired when `follow`)."""
         r = self.r
         published = remotestate.published(r.store)
         for seq in sorted(r.recorded):
@@ -279,8 +282,16 @@ class HandoffMachine(RuleBasedStateMachine):
             snaps = sorted([e for e in self.head.snapshots if e["seq"] != seq] + [entry],
                            key=lambda e: e["seq"])
             new = self.head.successor(1, max(self.head.latest, seq), snaps)
-            keep = new.with_ancestors({e["seq"] for e in snaps[-HEAD_KEEP:]})
+            if follow:
+                wanted = {s for s in r.recorded if s in {e["seq"] for e in snaps}}
+            else:
+                wanted = {e["seq"] for e in snaps[-HEAD_KEEP:]}
+            keep = new.with_ancestors(wanted)
             new.snapshots = [e for e in snaps if e["seq"] in keep]
+            for e in new.snapshots:
+                e.pop("retired", None)
+                if follow and e["seq"] not in wanted:
+                    e["retired"] = True
             doomed = {e["seq"] for e in snaps} - keep
             self.head = new
             self.trees[seq] = r.recorded[seq]
@@ -309,11 +320,13 @@ class HandoffMachine(RuleBasedStateMachine):
         self._catch_up(r, None, self.head.latest + ahead)
         self.active = to
         self.ran = True
-        assert sorted(s["seq"] for s in r.snaps.list()) == sorted(self.trees)
-        for seq, tree in self.trees.items():
-            assert snap_tree(r.store, r.snaps, seq) == tree, f"s{seq} differs on {to}"
-        if self.head.latest:
-            assert live_tree(r.store, r.files) == self.trees[self.head.latest]
+        current = sorted(e["seq"] for e in self.head.current())
+        assert sorted(s["seq"] for s in r.snaps.list()) == current
+        for seq in current:
+            assert snap_tree(r.store, r.snaps, seq) == self.trees[seq], f"s{seq} on {to}"
+        latest = max((e["seq"] for e in self.head.current()), default=0)
+        if latest:
+            assert live_tree(r.store, r.files) == self.trees[latest]
         else:
             assert live_tree(r.store, r.files) == {}
         rep = fsck(r.store, verify=True)
@@ -361,12 +374,13 @@ class HandoffMachine(RuleBasedStateMachine):
             return  # nothing was cut: the next catch-up finds nothing to do
         history.finish(r.store, r.snaps, head, floor)
         self._fetch_all(r)
-        if head.latest:
-            res = r.snaps.restore(f"s{head.latest}")
+        latest = max((e["seq"] for e in head.current()), default=0)
+        if latest:
+            res = r.snaps.restore(f"s{latest}")
             for ino in res["unlinked"]:
                 r.store.free_inode(ino)
-        r.recorded = dict(self.trees)
-        r.set_base(head.latest)
+        r.recorded = {e["seq"]: self.trees[e["seq"]] for e in head.current()}
+        r.set_base(latest)
 
     def _fetch_all(self, r: Replica) -> None:
         """What first reads would fetch: every chunk the volume names and lacks."""

@@ -411,8 +411,8 @@ def test_a_replica_that_lost_its_lease_never_overwrites_the_new_holder(
         b.stop()
 
 
-def test_a_stopped_replica_gives_its_threads_back_at_once(s3_server, tmp_path,
-                                                           monkeypatch):  # noqa: F811
+def test_a_stopped_replica_gives_its_threads_back_at_once(  # noqa: F811
+        s3_server, tmp_path, monkeypatch):  # noqa: F811
     use_server(s3_server, monkeypatch)
     url = s3_server.unique_url("stopped")
     a = Replica(tmp_path / "a", url).start()

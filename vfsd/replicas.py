@@ -231,6 +231,8 @@ class ThreadRuns:
                             thread.encode("utf-8", "surrogatepass"), db=st.db["meta"])
             view = st.view(name)
         self.shard._check_thread(view, thread)
+        if self.shard._recorded_thread(view) is None:
+            view.set_meta_bytes(b"thread", thread.encode("utf-8", "surrogatepass"))
         return view
 
     async def _take_lease(self, run: str, deadline: float, *, expect: bool,
@@ -332,8 +334,9 @@ class ThreadRuns:
             if outer is not None:
                 outer[0] += box[0]
         restored = None
-        if head.latest and not self._live_is(st, snaps, head.latest):
-            res = await volume.snapservice.restore(snapshot_id(head.latest), force=force)
+        latest = _latest(head)
+        if latest and not self._live_is(st, snaps, latest):
+            res = await volume.snapservice.restore(snapshot_id(latest), force=force)
             restored = res["id"]
         vt = volume.remote
         run = Run(rec.run, name, lease, token=token, owner_pid=pid)
@@ -352,10 +355,10 @@ class ThreadRuns:
             and snaps.dirty_count() == 0
 
     def _summary(self, vt) -> dict:
-        head = vt.head
+        latest = _latest(vt.head) if vt.head else 0
         run = vt.run
         return {"volume": vt.volume_name, "run": run.run_id, "generation": run.generation,
-                "latest": snapshot_id(head.latest) if head and head.latest else None,
+                "latest": snapshot_id(latest) if latest else None,
                 "snapshots": [s["id"] for s in vt.snaps.list()], "token": run.token}
 
     # ------------------------------------------------- the local volume
@@ -584,6 +587,11 @@ class ThreadRuns:
         log.info("thread_copied", volume=name, target=target, run=done["run"],
                  snapshots=len(done["snapshots"]))
         return {"volume": target, **done}
+
+
+def _latest(head) -> int:
+    """The newest snapshot the head keeps (0: none): what a run starts from."""
+    return max((e["seq"] for e in head.current()), default=0)
 
 
 async def _steps(gen) -> int:

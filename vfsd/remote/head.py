@@ -89,7 +89,8 @@ class Head:
                     or not 0 < s["seq"] <= latest or s["parent"] >= s["seq"] \
                     or s["seq"] in seen \
                     or not all(_uint(s[k]) for k in _COUNTS if k in s) \
-                    or not isinstance(s.get("pinned", False), bool):
+                    or not isinstance(s.get("pinned", False), bool) \
+                    or not isinstance(s.get("retired", False), bool):
                 raise HeadError(f"the head of run {run} lists a damaged snapshot entry")
             seen.add(s["seq"])
         writer = doc.get("writer") if isinstance(doc.get("writer"), dict) else {}
@@ -111,6 +112,11 @@ class Head:
 
     def ids(self) -> list[str]:
         return [f"s{s['seq']}" for s in self.snapshots]
+
+    def current(self) -> list[dict]:
+        """The entries of snapshots the run keeps (not those listed only because a
+        kept delta needs their manifest: `retired`)."""
+        return [s for s in self.snapshots if not s.get("retired")]
 
     def chain_length(self, seq: int) -> int:
         """Deltas from `seq` down to its full manifest (0 for a full one)."""

@@ -110,7 +110,7 @@ def plan(st: Store, snaps: Snapshots, head: Head, *, keep_unpublished: bool = Fa
     """
     local = {s["seq"]: s for s in snaps.list()}
     published = remotestate.published(st)
-    entries = {e["seq"]: e for e in head.snapshots}
+    entries = {e["seq"]: e for e in head.current()}
     same = {s for s, rec in local.items()
             if s in entries and _same(rec, entries[s], published.get(s))}
     above = max(same, default=0)
@@ -135,10 +135,10 @@ def plan(st: Store, snaps: Snapshots, head: Head, *, keep_unpublished: bool = Fa
     if st.meta_u64(b"incomplete"):
         rebuild = "the volume is incomplete (an import or copy that did not finish)"
     elif not st.meta_u64(b"snap_seq") and st.readdir(st.root_ino, 0, limit=1) and \
-            (head.snapshots or not keep_unpublished):
+            (entries or not keep_unpublished):
         # Files never snapshotted are not tracked: no catch-up can tell them apart.
         rebuild = "the volume holds files that no snapshot recorded"
-    elif not head.snapshots and not keep_unpublished and (local or truncate_needed(st, 0)):
+    elif not entries and not keep_unpublished and (local or truncate_needed(st, 0)):
         rebuild = "the head lists no snapshot: the thread starts empty"
     imports = sorted(s for s in entries if s not in same)
     return Plan(same, above, dropped, retired, imports, truncate_needed(st, above), rebuild)

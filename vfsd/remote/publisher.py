@@ -496,6 +496,8 @@ class Publisher:
         need; the rest go (the same policy as local retention)."""
         cfg = self.tier.config
         seqs = [s["seq"] for s in head.snapshots]
+        if getattr(self.tier, "head_follows_local", False):
+            return self._follow_local(head, keep_local)
         newest = set(sorted(seqs)[-cfg.snapshot_keep_last:])
         keep = set()
         for s in head.snapshots:
@@ -504,6 +506,20 @@ class Publisher:
                 keep.add(s["seq"])
         keep = head.with_ancestors(keep)
         return set(seqs) - keep
+
+    def _follow_local(self, head: Head, publishing: set[int]) -> set[int]:
+        """A shard run's head lists the snapshots its volume keeps (its holder's
+        retention, budget and deletions decide), so every replica's history
+        is the holder's: the others go, but those a kept delta needs, which stay
+        marked `retired` (a replica imports no retired snapshot)."""
+        wanted = {s["seq"] for s in self.retained()} | publishing
+        keep = head.with_ancestors({s["seq"] for s in head.snapshots if s["seq"] in wanted})
+        for s in head.snapshots:
+            if s["seq"] in keep and s["seq"] not in wanted:
+                s["retired"] = True
+            else:
+                s.pop("retired", None)
+        return {s["seq"] for s in head.snapshots} - keep
 
     # ------------------------------------------------------------ afterwards
 
