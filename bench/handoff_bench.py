@@ -144,6 +144,7 @@ def one_run(r: Replica, thread: str, read_name: str, rewrite: list[str], size: i
         "read_bytes": chunks2 - chunks1,
         "fetched_before_read_answered": (down2 - down0) if down0 is not None else None,
         "imported": len(begun["imported"]), "restored": begun["restored"] is not None,
+        "begin_daemon_ms": begun["duration_ms"],
         "lease_requests_begin": begun["requests"]["lease"],
         "catch_up_requests": begun["requests"]["catch_up"],
         "renewals": ended["renewals"], "release": int(bool(ended["released"])),
@@ -218,6 +219,13 @@ def main() -> int:
             samples["cold"].append(s)
             say(f"cold  run {k + 1}: begin {s['begin_s'] * 1000:.0f} ms, first read "
                 f"{s['first_read_s'] * 1000:.0f} ms")
+        rtt = []
+        client = server.client()
+        client.put_object(Bucket=server.bucket, Key="rtt-probe", Body=b"x")
+        for _ in range(30):
+            t0 = time.perf_counter()
+            client.get_object(Bucket=server.bucket, Key="rtt-probe")["Body"].read()
+            rtt.append(time.perf_counter() - t0)
     finally:
         a.umount()
         b.umount()
@@ -225,7 +233,7 @@ def main() -> int:
         if not args.keep:
             rmtree_quiet(base)
     doc = {"machine": info, "files": args.files, "size_kib": args.size_kib,
-           "rounds": args.rounds, "samples": samples,
+           "rounds": args.rounds, "samples": samples, "s3_get_rtt_s": rtt,
            "summary": {k: {m: summary([s[m] for s in v]) for m in
                            ("begin_s", "first_read_s", "to_first_read_s")}
                        for k, v in samples.items() if v}}
@@ -236,7 +244,8 @@ def main() -> int:
             return 0
         Path(args.json).write_text(out)
     print(f"\nthread: {args.files} files, {args.files * size / MiB:.0f} MiB; each run "
-          "rewrites 10 files (1 MiB)\n")
+          f"rewrites 10 files (1 MiB); a small GET from the object store: p50 "
+          f"{pct(rtt, 50) * 1000:.1f} ms, p95 {pct(rtt, 95) * 1000:.1f} ms\n")
     print("| next run on | n | remote_begin p50 / p95 | first read p50 / p95 | both p50 / p95 "
           "| fetched before the read answered (p50) | lease requests per run |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -335,7 +335,7 @@ class ThreadRuns:
                 outer[0] += box[0]
         restored = None
         latest = _latest(head)
-        if latest and not self._live_is(st, snaps, latest):
+        if latest and not await self._in_thread(self._live_is, st, snaps, latest):
             res = await volume.snapservice.restore(snapshot_id(latest), force=force)
             restored = res["id"]
         vt = volume.remote

@@ -64,8 +64,12 @@ gc/lease                             held while a GC sweep may delete chunks
     The run's index of published snapshots, JSON (`vfsd.remote.head.Head`):
     `{"vfsd_head": 1, "run", "generation", "latest", "writer": {"host", "pid"},
     "updated_ns", "snapshots": [{"seq", "parent", "full", "step",
-    "created_ns", "pinned", "entries", "bytes", "generation"}], "thread"?}`,
-    oldest first. `latest` is the newest published seq (0: none yet).
+    "created_ns", "pinned", "entries", "bytes", "generation", "retired"?}],
+    "thread"?}`, oldest first. `latest` is the newest published seq (0: none
+    yet). `retired` (a shard run's head): the snapshot is listed only because
+    a kept delta's chain needs its manifest; a shard run's head lists what
+    its holder's volume keeps (its retention, byte budget and deletions
+    decide), and no replica imports a retired snapshot.
     `thread` (a shard thread's runs only) is the key of the thread whose
     record names this run, written by the fence (below) and kept by every
     rewrite; a head naming another thread than the one asked for is refused

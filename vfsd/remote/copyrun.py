@@ -58,6 +58,14 @@ async def _t(fn, *args):
     return await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
 
 
+def _fetch_for_copy(store: ObjectStore, run: str, seq: int, new_run: str):
+    """In a worker thread: manifest `seq` of `run`, made the new run's (no lease
+    wrote it: its first run's fence does), and the chunks it names."""
+    m, _ = fetch_manifest(store, run, seq)
+    m.run, m.generation = new_run, 0
+    return m, m.chunk_digests()
+
+
 def _stored(store: ObjectStore, key: str, limit: int) -> bytes:
     return store.get(key, max_bytes=limit).data
 
@@ -86,10 +94,9 @@ async def copy_run(store: ObjectStore, source: str, thread: str, target: str,
         manifests = []
         names: set[bytes] = set()
         for e in entries:
-            m, _ = await _t(fetch_manifest, store, src.run, e["seq"])
-            m.run, m.generation = run, 0  # no lease wrote it: the first run's fences it
+            m, chunk_names = await _t(_fetch_for_copy, store, src.run, e["seq"], run)
             manifests.append(m)
-            names |= m.chunk_digests()
+            names |= chunk_names
         ikey = intent_key(run, max((e["seq"] for e in entries), default=1), 1,
                           secrets.token_hex(8))
         await _t(store.put, ikey, b"".join(sorted(names)))
@@ -113,7 +120,7 @@ async def copy_run(store: ObjectStore, source: str, thread: str, target: str,
                                               f"{exc}") from None
         for m in manifests:
             key = manifest_key(run, m.seq)
-            data = encode(m)
+            data = await _t(encode, m)
             if not await _t(store.put_if_absent, key, data) and \
                     await _t(_stored, store, key, len(data) + 1) != data:
                 raise CopyError("remote_error", f"{key} exists already: a new run cannot "

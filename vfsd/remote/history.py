@@ -5,9 +5,9 @@ snapshots are made exactly the head's (`vfsd.remote`), whatever this replica
 held before, so snapshot ids (`s<seq>`, named by checkpoints) mean the same
 files on every replica:
 
-- a local snapshot is *the head's* when the head lists its seq with the same
-  step and creation time and the volume recorded it as published (or
-  imported). Let P be the newest of those.
+- a local snapshot is *the head's* when the head lists its seq (not as
+  `retired`) with the same step and creation time and the volume recorded
+  it as published (or imported). Let P be the newest of those.
 - local snapshots newer than P go, with every version entry newer than P
   (`truncate`): the unpublished tail of an earlier run (a crash, a lost
   lease) that no other replica will ever see. Their seqs are not reused here.
