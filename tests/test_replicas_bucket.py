@@ -110,7 +110,7 @@ def test_gc_removes_a_deleted_threads_run_and_never_another_threads(replica):
     try:
         import time
 
-        time.sleep(1.5)  # the chunks are older than the grace period
+        time.sleep(3)  # past a 1 s grace at one-second clock resolution
         report = sweep(store, grace=1.0)
     finally:
         store.close()

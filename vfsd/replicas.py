@@ -198,7 +198,7 @@ class ThreadRuns:
                                                  name, thread, view.run_id)
             except _REMOTE_ERRORS as exc:
                 raise _remote_error(exc) from None
-            lease = await self._take_lease(rec.run, deadline, expect=how != "created",
+            lease = await self._take_lease(rec.run, deadline, expect=how == "found",
                                            local_seq=view.meta_u64(b"snap_seq")
                                            if view.run_id == rec.run else 0)
             try:
@@ -291,6 +291,7 @@ class ThreadRuns:
                         force: bool, token: str | None, pid: int) -> dict:
         """The volume's history and live files made the head's; the run started."""
         volume, rebuilt = await self._volume_for_run(name, thread, rec.run)
+        await volume.wait_free()  # a change a crash cut short is finished first
         st, snaps = volume.store, volume.snapshots
         plan = await self._in_thread(lambda: history.plan(
             st, snaps, head, keep_unpublished=how == "created"))
