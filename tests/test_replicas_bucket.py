@@ -106,6 +106,12 @@ def test_gc_removes_a_deleted_threads_run_and_never_another_threads(replica):
                record(tkey(doomed), doomed, None, "deleted", [doomed_run], rec["generation"] + 1))
     only_doomed = _chunks_of(bucket, doomed_run) - _chunks_of(bucket, kept_run)
     assert only_doomed and bucket.keys(f"runs/{doomed_run}/")
+    # A copy whose source is deleted keeps its chunks: they are its manifests' too.
+    run_once(r, "gc-source", {"shared.bin": "s" * 400_000})
+    copy = r.call("remote_copy", volume=tkey("gc-source"), thread="gc-source",
+                  target=tkey("gc-copy"), target_thread="gc-copy")
+    r.call("remote_delete", volume=tkey("gc-source"), thread="gc-source")
+    assert _chunks_of(bucket, copy["run"])
     store = ObjectStore(url, RemoteSettings(endpoint_url=bucket.client.meta.endpoint_url))
     try:
         import time
@@ -114,11 +120,15 @@ def test_gc_removes_a_deleted_threads_run_and_never_another_threads(replica):
         report = sweep(store, grace=1.0)
     finally:
         store.close()
-    assert report.runs_deleted == [doomed_run]
+    assert doomed_run in report.runs_deleted and kept_run not in report.runs_deleted
     assert [x["run"] for x in report.runs_refused] == [kept_run]
     assert not bucket.keys(f"runs/{doomed_run}/")
     assert not only_doomed & bucket.chunks()
     assert json.loads(bucket.get(f"threads/{tkey(doomed)}"))["old_runs"] == []
+    assert not bucket.missing_chunks()  # every manifest left names chunks still there
+    r.begin("gc-copy")
+    assert r.files("gc-copy") == expect({"shared.bin": "s" * 400_000})
+    r.end("gc-copy")
     r.begin(kept)
     assert r.files(kept) == expect({"kept.bin": "k" * 400_000})
     r.end(kept)

@@ -43,6 +43,7 @@ from vfsd.remote.lease import Lease, LeaseHeld
 from vfsd.remote.manifest import ManifestError
 from vfsd.remote.objstore import RemoteError
 from vfsd.remote.publisher import NotPublishable, SyncTimeout
+from vfsd.remote.resume import manifest_memory
 from vfsd.remote.shardtier import (
     SEQ_FLOOR_SLACK,
     SEQ_RESERVE,
@@ -306,8 +307,10 @@ class ThreadRuns:
         for d in plan.retired:
             log.info("snapshot_retired", volume=name, snapshot=d["id"], why=d["why"])
         imported = []
+        # A planted manifest that would decompress past what memory allows is refused.
+        budget = await self._in_thread(manifest_memory)
         source = history.ManifestSource(
-            lambda seq: fetch_manifest(self.tier.objstore, rec.run, seq)[0])
+            lambda seq: fetch_manifest(self.tier.objstore, rec.run, seq, max_raw=budget)[0])
         outer = _requests.get()
         box = [0]
         token_var = _requests.set(box)

@@ -473,7 +473,7 @@ class Publisher:
                 self._doomed = doomed  # our previous write landed; its answer was lost
                 return
             new = head.successor(m.generation, max(head.latest, m.seq),
-                                 sorted([s for s in head.snapshots if s["seq"] != m.seq]
+                                 sorted([dict(s) for s in head.snapshots if s["seq"] != m.seq]
                                         + [entry], key=lambda s: s["seq"]))
             doomed = self._retention(new, keep_local | {m.seq}, step)
             new.snapshots = [s for s in new.snapshots if s["seq"] not in doomed]
