@@ -326,13 +326,14 @@ Shard threads: one run at a time, on any replica (`shardtier`, `vfsd.replicas`).
     thread from what was published. A checkpointer that stores a checkpoint
     only once its snapshot is published (`publish="wait"`) loses no stored
     checkpoint's files; one that stores them ahead of publication loses those
-    checkpoints' snapshots: restoring one says `not_found`, never other files. What a tenant of the prefix can
-    and cannot do: it cannot make a replica serve another thread's files (the
-    record's thread id, the head's run and thread, the manifests' run and seq
-    and checksums are all checked), nor make GC delete another thread's run
-    (a tombstone dooms only runs whose head names its own key, and no live
-    record's run); it can delete a thread (plant its tombstone), as it could
-    delete the thread's objects directly.
+    checkpoints' snapshots: restoring one says `not_found`, never other files.
+    What a tenant of the prefix can and cannot do: it cannot make a replica
+    serve another thread's files (the record's thread id, the head's run and
+    thread, the manifests' run, seq, step, time and checksums are all
+    checked), nor make GC delete another thread's run (a tombstone dooms only
+    runs whose head names its own key, and no live record's run); it can
+    delete or rewrite a thread (plant its tombstone, its manifests), as it
+    could delete the thread's objects directly.
 
 `<run>` is the volume's run id as the store keeps it (32 hex digits; see
 `Store.run_id`); `check_run_id` accepts any id of 1-128 letters, digits, `._-`.
