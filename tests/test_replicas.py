@@ -429,3 +429,28 @@ def test_a_stopped_replica_gives_its_threads_back_at_once(  # noqa: F811
     finally:
         a.stop()
         b.stop()
+
+
+def test_snapshots_deleted_in_a_run_go_on_every_replica(pair):
+    """A prune (`aprune`, `adelete_for_runs`) inside a run: the run's end makes the
+    head follow, and every replica drops those snapshots at its next run."""
+    a, b, _ = pair
+    t = "pruned"
+    a.begin(t)
+    ids = []
+    for i in range(3):
+        write(a, t, {"f.md": f"v{i}\n"})
+        ids.append(a.snapshot(t))
+    a.end(t)
+    b.begin(t)
+    assert b.snapshots(t) == ids
+    b.call("snapshot_delete", volume=tkey(t), snapshot=ids[0])
+    assert b.end(t)["unlisted"] == [ids[0]]
+    got = a.begin(t)
+    assert got["retired"] == [ids[0]] and a.snapshots(t) == ids[1:]
+    assert a.error("restore", volume=tkey(t), snapshot=ids[0])["code"] == "not_found"
+    a.call("restore", volume=tkey(t), snapshot=ids[1])
+    assert a.files(t) == expect({"f.md": "v1\n"})
+    a.end(t)
+    assert b.begin(t)["imported"] == [] and b.snapshots(t) == ids[1:]
+    b.end(t)

@@ -39,10 +39,10 @@ from vfsd.remote import history, threads
 from vfsd.remote.bucketgc import delete_run_objects
 from vfsd.remote.copyrun import CopyError, copy_run
 from vfsd.remote.head import HeadError, fence, fetch_manifest
-from vfsd.remote.lease import Lease, LeaseHeld
+from vfsd.remote.lease import Lease, LeaseHeld, LeaseLost
 from vfsd.remote.manifest import ManifestError
 from vfsd.remote.objstore import RemoteError
-from vfsd.remote.publisher import NotPublishable, SyncTimeout
+from vfsd.remote.publisher import NotPublishable, PublishError, SyncTimeout
 from vfsd.remote.resume import manifest_memory
 from vfsd.remote.shardtier import (
     SEQ_FLOOR_SLACK,
@@ -429,14 +429,25 @@ class ThreadRuns:
                 pending = pub.unpublished() if pub is not None else []
                 if pending:
                     await pub.wait_published(max(pending), float(timeout))
-            except (SyncTimeout, RemoteError) as exc:
+                if vt.state != "held":
+                    raise RequestError("timeout", f"the run's lease is not held now "
+                                                  f"({vt.reason}): nothing was released; "
+                                                  "call remote_end again")
+                # Snapshots deleted since the last publication (a prune) go from the
+                # head too, so every replica drops them.
+                with trio.fail_after(timeout):
+                    unlisted = await pub.follow_local() if pub is not None else []
+            except trio.TooSlowError:
+                raise RequestError("timeout", f"the head of thread {name!r} could not be "
+                                              f"rewritten within {timeout:g} s") from None
+            except (SyncTimeout, RemoteError, PublishError, HeadError) as exc:
                 raise _remote_error(exc) from None
-            except NotPublishable as exc:
+            except (NotPublishable, LeaseLost) as exc:
                 await vt.end_run(release=False)
-                raise _remote_error(exc) from None
+                raise RequestError("not_publishable", str(exc)) from None
             published = remotestate.published(vt.store)
             out = await vt.end_run()
-        return {"volume": name, **out,
+        return {"volume": name, **out, "unlisted": unlisted,
                 "published": snapshot_id(max(published)) if published else None,
                 "duration_ms": round((time.perf_counter() - t0) * 1000, 1)}
 

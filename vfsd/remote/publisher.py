@@ -507,6 +507,46 @@ class Publisher:
         keep = head.with_ancestors(keep)
         return set(seqs) - keep
 
+    async def follow_local(self) -> list[str]:
+        """A shard run's end: make the head list what the volume keeps when
+        snapshots were deleted since the last publication (a prune), so every
+        replica drops them too. The ids the head stops listing."""
+        lease = self.tier.lease
+        kept = {s["seq"] for s in self.retained()}
+        for _ in range(4):
+            head = self.head
+            if head is None or all(e["seq"] in kept for e in head.current()):
+                return []
+            lease.check()
+            if head.generation > lease.generation:
+                raise RunMovedOn(f"the head of run {head.run} was written by generation "
+                                 f"{head.generation}")
+            new = head.successor(lease.generation, head.latest,
+                                 [dict(e) for e in head.snapshots])
+            doomed = self._follow_local(new, set())
+            new.snapshots = [e for e in new.snapshots if e["seq"] not in doomed]
+            try:
+                await self._to_thread(write_head, self.objstore, new)
+            except RemoteConflict:
+                fresh = await self._to_thread(read_head, self.objstore, head.run)
+                if fresh is None:
+                    raise PublishError(f"the head of run {head.run} vanished") from None
+                self.head = fresh
+                continue
+            self.head = new
+            gone = {e["seq"] for e in head.current()} - {e["seq"] for e in new.current()}
+            with self.store.txn(write=True) as txn:
+                remotestate.forget_published(txn, self.store, doomed)
+            for seq in doomed:
+                self.published.pop(seq, None)
+            if doomed:
+                self.tier.nursery.start_soon(self._cleanup, head.run, head.latest,
+                                             lease.generation, doomed)
+            log.info("head_follows_volume", run=head.run,
+                     dropped=[snapshot_id(x) for x in sorted(gone)])
+            return [snapshot_id(x) for x in sorted(gone)]
+        raise PublishError(f"the head of run {self.head.run} keeps changing")
+
     def _follow_local(self, head: Head, publishing: set[int]) -> set[int]:
         """A shard run's head lists the snapshots its volume keeps (its holder's
         retention, budget and deletions decide), so every replica's history
