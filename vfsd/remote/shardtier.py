@@ -351,6 +351,10 @@ class VolumeTier(ChunkLink):
                     nursery.start_soon(self._keep_lease, run)
                     if run.owner_pid:
                         nursery.start_soon(self._watch_owner, run)
+        except Exception as exc:  # noqa: BLE001 - a bug ends this run, never the shard
+            log.exception("run_tasks_failed", volume=self.volume_name, run=run.run_id)
+            self._lose(f"internal error ({type(exc).__name__}: {exc}); nothing more is "
+                       "published by this run")
         finally:
             run.done.set()
 
