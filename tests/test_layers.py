@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "vfsd.config": 4, "vfsd.eviction": 4, "vfsd.status": 4, "vfsd.metrics": 4, "vfsd.fsck": 4,
     "vfsd.fileinfo": 4, "vfsd.timeline": 4, "vfsd.evictrules": 4, "vfsd.evictscope": 4,
     "vfsd.control": 5,
-    "vfsd.daemon": 6, "vfsd.serve": 6, "vfsd.volume": 6, "vfsd.shard": 6,
+    "vfsd.daemon": 6, "vfsd.serve": 6, "vfsd.volume": 6, "vfsd.shard": 6, "vfsd.replicas": 6,
     "vfsd.cli": 7, "vfsd.demo": 7,
 }
 

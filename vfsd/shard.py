@@ -83,9 +83,13 @@ class ShardDaemon(DaemonBase):
         self._nursery: trio.Nursery | None = None
         self._process_handlers = None
         self._names_cache: tuple[float, list[bytes]] | None = None
+        #: the remote tier (`vfsd.remote.shardtier.ShardTier`) with --remote, else None
+        self.remote = None
+        self.runs = None  # its ops (`vfsd.replicas.ThreadRuns`)
         self.shard_ops = {"volumes": self.op_volumes, "volume_create": self.op_volume_create,
                           "volume_drop": self.op_volume_drop, "volume_copy": self.op_volume_copy,
-                          "volume_adopt": self.op_volume_adopt, "shard": self.op_shard}
+                          "volume_adopt": self.op_volume_adopt, "shard": self.op_shard,
+                          **dict.fromkeys(REMOTE_OPS, self.op_no_remote)}
 
     # --------------------------------------------------------------- setup
 
@@ -121,13 +125,40 @@ class ShardDaemon(DaemonBase):
                 raise StartupError(str(exc)) from None
         except OSError as exc:
             raise StartupError(f"cannot prepare {self.run.path}: {exc}") from None
-        if self.config.remote_url is not None:
-            raise StartupError("a shard serves its volumes from local storage only (no "
-                               "remote tier yet): mount run dirs one at a time for --remote")
         self._fix_chunk_size()
+        self._prepare_remote()
         gone = self.store.finish_deletes()
         if gone:
             log.info("deletes_finished", files=gone)
+
+    def _prepare_remote(self) -> None:
+        """With --remote (or a remote the store records): the shard's remote tier,
+        its boto3 client loaded only then."""
+        from vfsd.store import remotestate
+
+        url = self.config.remote_url or remotestate.remote_url(self.store)
+        if url is None:
+            return
+        from vfsd.remote.objstore import BadRemoteURL, RemoteURL
+        from vfsd.remote.shardtier import ShardTier, ShardTierError
+
+        from .replicas import ThreadRuns
+
+        try:
+            self.remote = ShardTier(RemoteURL.parse(url), self.config)
+            self.remote.attach(self.store)
+        except (ShardTierError, BadRemoteURL) as exc:
+            if self.remote is not None:
+                self.remote.close()
+                self.remote = None
+            raise StartupError(str(exc)) from None
+        self.runs = ThreadRuns(self, self.remote)
+        self.shard_ops.update(self.runs.ops)
+        log.info("remote_tier", remote=url)
+
+    def op_no_remote(self, req: dict) -> dict:
+        raise RequestError("no_remote", "this shard has no remote tier (serve it with "
+                                        "--remote s3://BUCKET/PREFIX)")
 
     def served(self) -> list[Volume]:
         return list(self.loaded.values())
@@ -177,6 +208,8 @@ class ShardDaemon(DaemonBase):
         volume.slot = slot
         volume.ops.in_use = self.in_use
         volume.ops.provenance.peers = self.peers
+        if self.remote is not None:
+            volume.attach_remote(self.remote.volume_tier(volume))
         try:
             volume.prepare(recover_now=False)
         except Exception:
@@ -359,12 +392,18 @@ class ShardDaemon(DaemonBase):
             self._check_thread(view, thread)
         volume = self.loaded.get(name)
         if volume is not None:
+            self._refuse_if_running(volume)
             await self._let_go(volume)
         # In short transactions: a large thread's records would otherwise hold
         # every other volume for as long as they take to delete.
         await drive(drop_volume_in_steps(self.store, name))
         log.info("volume_dropped", volume=name)
         return {"volume": name, "dropped": True}
+
+    def _refuse_if_running(self, volume: Volume) -> None:
+        tier = volume.remote
+        if tier is not None and getattr(tier, "run", None) is not None:
+            raise self.runs._held_here(volume.name, tier)
 
     async def _let_go(self, volume: Volume) -> None:
         """Stop serving `volume`, and make the kernel forget it; refused
@@ -413,6 +452,10 @@ class ShardDaemon(DaemonBase):
         """Give a new volume `target` (for thread `target_thread`) a copy of
         `volume` (its files now and its whole snapshot history under the same
         ids; content shared, not copied)."""
+        if self.remote is not None:
+            raise RequestError("bad_request", "a shard with a remote copies threads in the "
+                                              "bucket: remote_copy (a local copy would be "
+                                              "this replica's alone)")
         source = self._volume_arg(req)
         target = self._name_arg(req, "target")
         thread = self._thread_arg(req, "target_thread")
@@ -423,6 +466,8 @@ class ShardDaemon(DaemonBase):
 
     async def _start_tasks(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
+        if self.remote is not None:
+            await self.remote.start(nursery)
         if self.store.pending_drops():  # a drop a crash cut short
             nursery.start_soon(drive, finish_drops_in_steps(self.store))
         for volume in list(self.loaded.values()):
@@ -441,12 +486,23 @@ class ShardDaemon(DaemonBase):
             cancel_scope.cancel()
 
     def _mounted_fields(self) -> dict:
-        return {"shard": True}
+        return {"shard": True, "remote": str(self.remote.url) if self.remote else None}
+
+    def abandon(self) -> None:
+        if self.remote is not None:
+            self.remote.close()  # after a failed start
 
     def _after_close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+#: the ops of a shard's remote tier (`vfsd.replicas`)
+REMOTE_OPS = ("remote_begin", "remote_end", "remote_delete", "remote_copy", "remote_runs",
+              "remote_prune")
 
 
 def _invalidate_entry(parent: int, name: bytes, deleted: int) -> None:

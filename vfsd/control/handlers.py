@@ -94,6 +94,9 @@ class VolumeHandlers:
     #: ops that change files: refused once another worker holds the run
     MUTATING = frozenset({"set_step", "evict", "set_status", "pin", "unpin", "restore",
                           "unevict"})
+    #: ops that change a volume's snapshots: refused where its remote tier says
+    #: so (a shard's volume outside a run: nothing it did could be published)
+    HISTORY = frozenset({"snapshot", "snapshot_delete", "snapshot_pin"})
 
     def __init__(self, volume) -> None:
         self.volume = volume
@@ -106,11 +109,13 @@ class VolumeHandlers:
     def handler(self, op: str):
         """The handler of `op` (None: no such op), checked for the run's lease."""
         fn = self.table.get(op)
-        if fn is None or op not in self.MUTATING:
+        if fn is None or (op not in self.MUTATING and op not in self.HISTORY):
             return fn
 
         def checked(req: dict):
-            if not (op == "evict" and req.get("dry_run") is True):
+            if op in self.HISTORY:
+                self._check_history()
+            elif not (op == "evict" and req.get("dry_run") is True):
                 self._check_writable()
             return fn(req)
 
@@ -138,11 +143,14 @@ class VolumeHandlers:
         if self.volume.remote is None:
             return None
         from vfsd.remote.bucketgc import GcError
+        from vfsd.remote.head import HeadError
+        from vfsd.remote.manifest import ManifestError
         from vfsd.remote.objstore import RemoteError
         from vfsd.remote.publisher import NotPublishable, SyncTimeout
 
         for kind, code in ((SyncTimeout, "timeout"), (NotPublishable, "not_publishable"),
-                           (GcError, "gc_failed"), (RemoteError, "remote_error")):
+                           (GcError, "gc_failed"), (RemoteError, "remote_error"),
+                           (HeadError | ManifestError, "remote_damaged")):
             if isinstance(exc, kind):
                 return code, str(exc)
         return None
@@ -152,10 +160,17 @@ class VolumeHandlers:
         if remote is not None and not remote.writable():
             raise RequestError("read_only", f"this mount is read-only: {remote.reason}")
 
+    def _check_history(self) -> None:
+        remote = self.volume.remote
+        check = getattr(remote, "snapshots_writable", None)
+        if check is not None and not check():
+            raise RequestError("read_only", f"this volume's snapshots cannot change now: "
+                                            f"{remote.reason}")
+
     def _remote(self):
         remote = self.volume.remote
         if remote is None:
-            raise RequestError("no_remote", "this run dir has no remote tier (mount it with "
+            raise RequestError("no_remote", "this volume has no remote tier (mount it with "
                                             "--remote s3://BUCKET/PREFIX)")
         return remote
 

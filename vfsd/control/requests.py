@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
+#: (pid, uid, gid) of the process at the other end of the connection whose
+#: request is being handled (`SO_PEERCRED`; pid 0 when it is in a pid namespace
+#: the daemon cannot see), set by the control server for each connection
+peer: ContextVar[tuple[int, int, int] | None] = ContextVar("peer", default=None)
+
 MAX_INT = (1 << 63) - 1  # steps and inode numbers are stored as unsigned 64-bit
 
 

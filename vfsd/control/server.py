@@ -31,6 +31,7 @@ import trio
 from .connslots import IDLE, READING, WORKING, Slot, SlotTable
 from .handlers import error_of
 from .protocol import MAX_REQUEST, ProtocolError, decode_request, encode_reply
+from .requests import peer
 from .unixpath import reachable_socket_path
 
 log = structlog.get_logger("vfsd.control")
@@ -91,12 +92,11 @@ class ControlServer:
                     continue
                 nursery.start_soon(self._handle_conn, stream)
 
-    def _peer(self, stream: trio.SocketStream) -> tuple[int, int]:
-        """(pid, uid) of the connecting process (SO_PEERCRED)."""
+    def _peer(self, stream: trio.SocketStream) -> tuple[int, int, int]:
+        """(pid, uid, gid) of the connecting process (SO_PEERCRED)."""
         raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                        struct.calcsize("3i"))
-        pid, uid, _gid = struct.unpack("3i", raw)
-        return pid, uid
+        return struct.unpack("3i", raw)
 
     async def _handle_conn(self, stream: trio.SocketStream) -> None:
         """One connection, start to end. Nothing it raises reaches the nursery."""
@@ -109,7 +109,8 @@ class ControlServer:
             log.exception("control_connection_failed")
 
     async def _serve_conn(self, stream: trio.SocketStream) -> None:
-        pid, uid = self._peer(stream)
+        pid, uid, gid = self._peer(stream)
+        peer.set((pid, uid, gid))  # this connection's task: who asks (`requests.peer`)
         if uid not in (os.getuid(), 0):
             await self._send_bounded(stream, encode_reply(
                 None, error=("forbidden", "peer uid not allowed")))

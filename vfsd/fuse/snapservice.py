@@ -98,13 +98,16 @@ class SnapshotService:
         """Take a snapshot; with `reuse`, answer the base snapshot instead when
         the live tree has not changed since it (exact, and no new record)."""
         t0 = time.perf_counter()
+        remote = getattr(self.daemon, "remote", None)
         async with self.lock:
+            before = getattr(remote, "before_snapshot", None)
+            if before is not None:
+                await before()  # a shard run's next id announced (`shardtier`)
             rec = await self._snapshot_locked(pinned, label, reuse)
             if rec.get("reused"):
                 return rec
         self.latency["snapshot"].observe(time.perf_counter() - t0)
         self.ops.journal.snapshot_taken(rec["id"])
-        remote = getattr(self.daemon, "remote", None)
         if remote is not None:
             remote.kick()  # published in the background (vfsd.remote.publisher)
         log.info("snapshot", id=rec["id"], entries=rec["entries"],
