@@ -336,3 +336,26 @@ def test_a_snapshot_takes_what_open_files_of_its_volume_wrote(shard):
         mapping.close()
         g.close()
         f.close()
+
+
+def test_an_unevict_of_many_files_is_checked_whole_then_made_in_steps(shard):
+    call(shard, "volume_create", volume="t1")
+    fs = shard / "fs"
+    n = 300
+    (fs / "t1" / "d").mkdir()
+    for i in range(n):
+        (fs / "t1" / "d" / f"f{i}").write_text(f"v{i}")
+    call(shard, "snapshot", volume="t1")
+    assert call(shard, "set_step", volume="t1", step=1000)["files"] == n
+    assert list((fs / "t1" / "d").iterdir()) == []
+    # A file where a directory on the way was: nothing is brought back.
+    (fs / "t1" / "d").rmdir()
+    (fs / "t1" / "d").write_text("in the way")
+    err = error(shard, "unevict", volume="t1", paths=[f"d/f{i}" for i in range(n)])
+    assert err["code"] == "exists" and "not a directory" in err["message"]
+    assert (fs / "t1" / "d").read_text() == "in the way"
+    (fs / "t1" / "d").unlink()
+    res = call(shard, "unevict", volume="t1", paths=[f"d/f{i}" for i in range(n)])
+    assert len(res["restored"]) == n and res["lost"] == []
+    assert sorted(p.name for p in (fs / "t1" / "d").iterdir()) == sorted(f"f{i}" for i in range(n))
+    assert (fs / "t1" / "d" / "f123").read_text() == "v123"

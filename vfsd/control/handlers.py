@@ -579,7 +579,9 @@ class VolumeHandlers:
         # batches (a few thousand files take a while); the restore checks again
         # that each snapshot is still retained.
         out: dict[str, tuple[int, str, str]] = {}
-        for path in paths:
+        for n, path in enumerate(paths):
+            if n % 50 == 49:
+                await trio.sleep(0)  # other volumes' requests between lookups
             rec = index.record(path, even_if_live=force)
             recs = [rec] if rec else index.below(path, 100_000, even_if_live=force)[0]
             if not recs:

@@ -23,7 +23,7 @@ import trio
 from vfsd import STATE_DIRNAME, errors
 from vfsd.latency import Latencies
 from vfsd.rundir import RunDir, syncfs, write_back
-from vfsd.snapshots.pathrestore import restore_paths
+from vfsd.snapshots.pathrestore import restore_paths, restore_paths_in_steps
 from vfsd.snapshots.snapshots import (
     FilesOpenForWriting,
     SnapshotError,
@@ -87,6 +87,8 @@ class SnapshotService:
 
     #: a first snapshot of more objects than this is built in steps (see below)
     FIRST_IN_ONE_GO = 1000
+    #: a path restore (an unevict) of more items than this is made in steps
+    PATHS_IN_ONE_GO = 64
     #: a later snapshot or a restore of more changed objects than this is made
     #: in steps, with the volume held (`Snapshots.create_in_steps`)
     STEPS_ABOVE = 2000
@@ -268,13 +270,18 @@ class SnapshotService:
         t0 = time.perf_counter()
         async with self.lock:
             await self._quiesce()
-            self._settle_rest()
-            items = items_of()
-            res = restore_paths(self.snaps, items, force=force)
-            files = self.ops.files
-            for ino in res["inodes"]:
-                files.reload(ino)
-            self.ops._maybe_free(*res["unlinked"])
+            async with self.daemon.hold():
+                self._settle_rest()
+                items = items_of()
+                if len(items) > self.PATHS_IN_ONE_GO:
+                    # Checked first, then placed a few per transaction.
+                    res = await drive(restore_paths_in_steps(self.snaps, items, force=force))
+                else:
+                    res = restore_paths(self.snaps, items, force=force)
+                files = self.ops.files
+                for ino in res["inodes"]:
+                    files.reload(ino)
+                await drive(self.ops.free_in_steps(res["unlinked"]))
             index = self.ops.evicted
             if index is not None:
                 index.forget(target for _, _, target in items)
