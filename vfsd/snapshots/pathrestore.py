@@ -299,16 +299,19 @@ def restore_paths_in_steps(snaps, items: list[tuple[int, str, str]], *, force: b
     transaction (a generator, see `vfsd.steps`; the caller holds the volume).
     A daemon stopped half way leaves the items placed so far, each whole."""
     st = snaps.store
-    with st.txn() as txn:
-        job = PathRestore(snaps, txn, force=force, step=st._step(txn))
-        for n, (seq, src, target) in enumerate(items):
-            snaps._get(txn, seq)
-            try:
-                job.check(seq, src, target)
-            except errors.NotFound as exc:
-                raise PathNotInSnapshot(f"{target!r}: {exc}") from None
-            if n % 256 == 255:
-                yield
+    for i in range(0, len(items), 256):
+        # A read transaction per batch: none may be held across a yield (with
+        # group commit on, a read on the loop shares the group's, which the
+        # loop commits meanwhile).
+        with st.txn() as txn:
+            job = PathRestore(snaps, txn, force=force, step=st._step(txn))
+            for seq, src, target in items[i:i + 256]:
+                snaps._get(txn, seq)
+                try:
+                    job.check(seq, src, target)
+                except errors.NotFound as exc:
+                    raise PathNotInSnapshot(f"{target!r}: {exc}") from None
+        yield
     out = {"restored": [], "unchanged": [], "dentries": [], "inodes": [], "unlinked": []}
     for i in range(0, len(items), batch):
         res = restore_paths(snaps, items[i:i + batch], force=force)
