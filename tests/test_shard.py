@@ -355,7 +355,26 @@ def test_an_unevict_of_many_files_is_checked_whole_then_made_in_steps(shard):
     assert err["code"] == "exists" and "not a directory" in err["message"]
     assert (fs / "t1" / "d").read_text() == "in the way"
     (fs / "t1" / "d").unlink()
-    res = call(shard, "unevict", volume="t1", paths=[f"d/f{i}" for i in range(n)])
+    # Another thread writes meanwhile: its requests run between the steps
+    # (and commit the open group under them).
+    import threading
+
+    call(shard, "volume_create", volume="t2")
+    stop = threading.Event()
+
+    def other() -> None:
+        k = 0
+        while not stop.is_set():
+            k += 1
+            (fs / "t2" / f"w{k % 50}").write_text("x" * k)
+
+    writer = threading.Thread(target=other)
+    writer.start()
+    try:
+        res = call(shard, "unevict", volume="t1", paths=[f"d/f{i}" for i in range(n)])
+    finally:
+        stop.set()
+        writer.join()
     assert len(res["restored"]) == n and res["lost"] == []
     assert sorted(p.name for p in (fs / "t1" / "d").iterdir()) == sorted(f"f{i}" for i in range(n))
     assert (fs / "t1" / "d" / "f123").read_text() == "v123"
