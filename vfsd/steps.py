@@ -28,6 +28,13 @@ except ImportError:  # pragma: no cover - another trio: yield once instead
         await trio.sleep(0)
 
 
+async def make_way(took: float) -> None:
+    """After a step that took `took` seconds: let everything ready run first,
+    waiting at most as long (see the module docstring)."""
+    with trio.move_on_after(max(took, 0.001)):
+        await wait_all_tasks_blocked()
+
+
 async def drive(steps):
     """Run a change made in steps (see the module docstring); its result,
     with how many steps it took (`steps`, when the result is a dict)."""
@@ -37,9 +44,7 @@ async def drive(steps):
             t0 = time.perf_counter()
             next(steps)
             n += 1
-            took = time.perf_counter() - t0
-            with trio.move_on_after(max(took, 0.001)):
-                await wait_all_tasks_blocked()
+            await make_way(time.perf_counter() - t0)
     except StopIteration as done:
         result = done.value
     if isinstance(result, dict):

@@ -32,7 +32,7 @@ from vfsd.snapshots.snapshots import (
     parse_id,
     snapshot_id,
 )
-from vfsd.steps import drive
+from vfsd.steps import drive, make_way
 
 from .writers import writers
 
@@ -93,7 +93,7 @@ class SnapshotService:
     #: in steps, with the volume held (`Snapshots.create_in_steps`)
     STEPS_ABOVE = 2000
     #: objects per step of such a build
-    FIRST_BATCH = 500
+    FIRST_BATCH = 100
 
     async def snapshot(self, *, pinned: bool = False, label: str = "",
                        reuse: bool = False) -> dict:
@@ -151,7 +151,9 @@ class SnapshotService:
             while True:
                 items, after = await trio.to_thread.run_sync(
                     snaps.first_read, view, after, self.FIRST_BATCH)
+                t1 = time.perf_counter()
                 snaps.first_write(items)
+                await make_way(time.perf_counter() - t1)
                 written += len(items)
                 self.first_progress = {**self.first_progress, "objects": written}
                 if after is None:
