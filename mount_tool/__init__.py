@@ -13,7 +13,7 @@ sandbox its `execute` runs commands in in `mount_tool.sandbox`. mount_tool never
 line and talks to the daemon through the mount and its control socket.
 """
 
-from .client import ControlClient
+from .daemon.client import ControlClient
 from .errors import (
     ControlError,
     Damaged,
@@ -63,7 +63,7 @@ def __getattr__(name: str):
     # verify_history needs LangGraph (an optional dependency), which `import
     # mount_tool` does not: it is loaded on first use, and not in __all__.
     if name == "verify_history":
-        from .history import verify_history
+        from .langgraph.history import verify_history
 
         return verify_history
     raise AttributeError(f"module 'mount_tool' has no attribute {name!r}")

@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import toolcalls
 from .beneath import makedirs_beneath, open_beneath, relative_parts
-from .client import ControlClient
+from .daemon import toolcalls
+from .daemon.client import ControlClient
+from .daemon.spawn import run_vfsd
 from .errors import (
     ControlError,
     Damaged,
@@ -35,7 +36,6 @@ from .errors import (
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
 from .sandbox import SANDBOX_DIRS, reserved_reason
-from .spawn import run_vfsd
 
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.

@@ -39,9 +39,9 @@ from test_deepagents import ScriptedChatModel, tool_call, turn  # noqa: E402
 
 import mount_tool  # noqa: E402
 from mount_tool.deepagents import VfsdBackend, create_vfsd_deep_agent  # noqa: E402
-from mount_tool.evictnotes import turn_note  # noqa: E402
+from mount_tool.deepagents.evictnotes import turn_note  # noqa: E402
+from mount_tool.deepagents.records import literal_name, record_path  # noqa: E402
 from mount_tool.mount import mount_flags  # noqa: E402
-from mount_tool.records import literal_name, record_path  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
 

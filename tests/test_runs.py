@@ -26,8 +26,8 @@ from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 import mount_tool  # noqa: E402
 from mount_tool import SnapshotUnavailable, ThreadIdError  # noqa: E402
-from mount_tool.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
 from mount_tool.langgraph import FilesChannel, write_artifact  # noqa: E402
+from mount_tool.langgraph.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
 from mount_tool.runs import THREAD_RECORD, ThreadRecord, thread_dir_name, write_record  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]

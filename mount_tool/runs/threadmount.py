@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import MountError, MountToolError
-from .mount import SYNC_GRACE_SECONDS, Mount
-from .refs import DEFAULT_CHUNK_SIZE
+from ..errors import MountError, MountToolError
+from ..mount import SYNC_GRACE_SECONDS, Mount
+from ..refs import DEFAULT_CHUNK_SIZE
 from .shards import LOCAL_BITS, Shard, VolumeClient
 
 _LOCAL_MASK = (1 << LOCAL_BITS) - 1

@@ -10,7 +10,7 @@ Three pieces:
   mounted directory of the running thread (or of one Mount): `ls`, `read`, `grep`, `glob`, `write`, `edit`, `delete`,
   `upload_files`, `download_files` (and their async twins), plus `execute`, a
   shell command run in a sandbox whose `/` is the mount root (mount_tool/
-  sandbox.py). Paths are the agent's paths ("/notes/plan.md" is
+  sandbox/). Paths are the agent's paths ("/notes/plan.md" is
   `RUN_DIR/fs/notes/plan.md`, for the file tools and the shell alike) and are
   confined to the mount before anything is touched.
 - `VfsdMiddleware(runs)` keeps graph state small. It holds a `files` channel of
@@ -79,14 +79,25 @@ from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command
 
-from . import toolcalls
-from .boundary import BoundaryChannel, await_capture, wait_for_capture
-from .checkpointer import VfsdCheckpointer, warn_if_unwrapped
-from .errors import ControlError, MountToolError
+from ..daemon import toolcalls
+from ..errors import ControlError, MountToolError
+from ..langgraph import files_reducer
+from ..langgraph.boundary import BoundaryChannel, await_capture, wait_for_capture
+from ..langgraph.checkpointer import VfsdCheckpointer, warn_if_unwrapped
+from ..mount import Mount
+from ..refs import FileRef
+from ..runs import Runs, lease
+from ..sandbox import (
+    DEFAULT_ENV_ALLOWLIST,
+    TMP_DIR,
+    ExecLimits,
+    RunResult,
+    Sandbox,
+    SandboxUnavailable,
+    reserved_reason,
+)
 from .evictnotes import glob_note, turn_note, why_missing
-from .filetools import MountFiles
-from .langgraph import files_reducer
-from .mount import Mount
+from .files import MountFiles
 from .nospace import explained, why_no_room
 from .offload import (
     DEFAULT_THRESHOLD_TOKENS,
@@ -96,17 +107,6 @@ from .offload import (
     safe_file_stem,
 )
 from .records import is_record, record_path
-from .refs import FileRef
-from .runs import Runs, lease
-from .sandbox import (
-    DEFAULT_ENV_ALLOWLIST,
-    TMP_DIR,
-    ExecLimits,
-    RunResult,
-    Sandbox,
-    SandboxUnavailable,
-    reserved_reason,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -160,13 +160,13 @@ class VfsdBackend(SandboxBackendProtocol):
 
     File operations follow deepagents' own local-filesystem semantics (glob and
     grep rules, line windows, error texts), but resolve every path beneath the
-    mount root in the same step that uses it (`mount_tool.filetools`), so a
+    mount root in the same step that uses it (`mount_tool.deepagents.files`), so a
     symlink swapped in at any moment cannot lead them outside. Writes go
     through `Mount.write`, which does the same and checks the daemon's hash of
     what landed. Nothing they do raises: failures are the results' errors.
     Paths are absolute: `/` is the mount root.
 
-    `execute` runs a command in a `Sandbox` (mount_tool/sandbox.py). By default
+    `execute` runs a command in a `Sandbox` (mount_tool/sandbox/). By default
     (`isolation="bwrap"`) that is a bubblewrap sandbox whose `/` is the mount
     root, so a path means the same file for the file tools and the shell; the
     system's directories are read-only, /tmp is private, the network is off
@@ -324,7 +324,7 @@ class VfsdBackend(SandboxBackendProtocol):
         bytes, symlinks leading out, and the sandbox's mount points (/tmp, /usr,
         ...), which inside `execute` are not the run's files. Below a record
         directory (`/conversation_history/`) every name means itself, so a
-        record named from input stays there (`mount_tool.records`).
+        record named from input stays there (`mount_tool.deepagents.records`).
         """
         raw = "/" if path in (None, "") else str(path)
         root = str(v.root)
@@ -377,7 +377,7 @@ class VfsdBackend(SandboxBackendProtocol):
     # -- BackendProtocol ------------------------------------------------------
     #
     # Every file tool resolves its path beneath the mount root in the same step
-    # that uses it (mount_tool.filetools); what fails is the result's error.
+    # that uses it (mount_tool.deepagents.files); what fails is the result's error.
 
     def ls(self, path: str) -> LsResult:
         """List the direct children of a directory in the mount.
@@ -750,7 +750,7 @@ class VfsdAgentState(AgentState):
     `vfsd_boundary` is private (in neither the input nor the output schema)
     and holds nothing: LangGraph checkpoints it at every step boundary, which
     is where `VfsdCheckpointer` captures the checkpoint's files, whoever
-    compiles the graph (see `mount_tool.boundary`). A new thread's first
+    compiles the graph (see `mount_tool.langgraph.boundary`). A new thread's first
     checkpoint and the tasks of its first step read it as None.
     """
 

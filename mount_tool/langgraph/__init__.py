@@ -11,7 +11,7 @@
 Each takes a `Runs` (every call works on the files of the running node's
 thread) or one `Mount` (a graph with one thread).
 
-`VfsdCheckpointer` (mount_tool.checkpointer) makes each checkpoint hold its
+`VfsdCheckpointer` (mount_tool.langgraph.checkpointer) makes each checkpoint hold its
 files: a replay, a fork or a resumed thread finds the mount as it was. Graph state holds only ~150-byte references, so a checkpoint's size depends on
 the number of files, not on their size.
 """
@@ -27,13 +27,13 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.config import get_config
 
+from ..errors import ControlError, SnapshotUnavailable, ThreadBindingError
+from ..mount import Mount
+from ..refs import FileRef, as_ref
+from ..runs import Runs, lease
 from .boundary import MISSING, RunState, adopt, at_boundary
 from .checkpointer import VfsdCheckpointer
-from .errors import ControlError, SnapshotUnavailable, ThreadBindingError
 from .history import verify_history
-from .mount import Mount
-from .refs import FileRef, as_ref
-from .runs import Runs, lease
 
 __all__ = [
     "FilesAggregate",
@@ -70,7 +70,7 @@ def files_reducer(
 class FilesAggregate(BinaryOperatorAggregate):
     """`FilesChannel`'s channel: a map of FileRefs merged by `files_reducer`,
     whose `checkpoint()` is also the moment the wrapper captures the
-    checkpoint's files (see `mount_tool.boundary`). It takes a version at a
+    checkpoint's files (see `mount_tool.langgraph.boundary`). It takes a version at a
     thread's first superstep even when nothing writes it, so every checkpoint
     from then on calls it."""
 

@@ -4,8 +4,8 @@
 what the wrapper keeps in the run dir; `ThreadFiles` the decisions for one run
 dir (align the files at a run start, bind a checkpoint to its snapshot,
 publish, pin at interrupts, release), made with the thread's mount held. The
-wrapper (`mount_tool.checkpointer`) routes each call to the ThreadFiles of
-its thread; the snapshots of step boundaries are taken by `mount_tool.boundary`.
+wrapper (`mount_tool.langgraph.checkpointer`) routes each call to the ThreadFiles of
+its thread; the snapshots of step boundaries are taken by `mount_tool.langgraph.boundary`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.base import Checkpoint, CheckpointTuple
 
-from .errors import (
+from ..errors import (
     ControlError,
     MountError,
     MountToolError,
@@ -32,8 +32,8 @@ from .errors import (
     SnapshotUnavailable,
     ThreadBindingError,
 )
-from .mount import Mount
-from .refs import as_ref, is_ref
+from ..mount import Mount
+from ..refs import as_ref, is_ref
 
 if TYPE_CHECKING:
     from .boundary import Capture

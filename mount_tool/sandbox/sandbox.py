@@ -26,7 +26,7 @@ namespaces, where:
   command runs in a new session with an allowlisted environment;
 - limits: wall time, CPU time of all processes together, memory, number of
   processes, output size and /tmp size. cgroups enforce them where the machine
-  offers them (mount_tool/cgroups.py); rlimits otherwise. `info()` says which.
+  offers them (mount_tool/sandbox/cgroups.py); rlimits otherwise. `info()` says which.
 
 `isolation="none"` opts out of the namespaces, by name: commands then run on
 the host in the mount root, as this process's user, with the same environment
@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import MountToolError
 from . import cgroups
-from .errors import MountToolError
 
 logger = logging.getLogger(__name__)
 

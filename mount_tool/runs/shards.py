@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .client import ControlClient
-from .errors import ControlError, MountError
-from .mount import _mount_point_listed, _run_vfsd, mount_flags
+from ..daemon.client import ControlClient
+from ..errors import ControlError, MountError
+from ..mount import _mount_point_listed, _run_vfsd, mount_flags
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ run dirs of the earlier layout (a daemon per thread), are accepted and
 ignored: no thread holds a mount of its own.
 
 A root of that earlier layout (ROOT/store, run dirs under ROOT/threads) is
-served as is, from one more shard over its store (see mount_tool/legacy.py).
+served as is, from one more shard over its store (see mount_tool/runs/legacy.py).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ControlError, MountError, MountToolError
+from ..mount import Mount
 from . import legacy
-from .errors import ControlError, MountError, MountToolError
-from .mount import Mount
 from .shards import Shard
 from .threadmount import ThreadMount
 
@@ -628,7 +628,7 @@ def _copy_checkpoint_record(source_state: Path, target_state: Path, target: str)
     """The copy's VfsdCheckpointer record: bound to the target thread, with
     the source's interrupt pins (the copied snapshots keep their pins, and
     the copied checkpoints are what releases them)."""
-    from .threadfiles import RECORD_NAME
+    from ..langgraph.threadfiles import RECORD_NAME
 
     try:
         doc = json.loads((source_state / RECORD_NAME).read_text())
