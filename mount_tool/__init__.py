@@ -14,6 +14,7 @@ line and talks to the daemon through the mount and its control socket.
 """
 
 from .daemon.client import ControlClient
+from .daemon.mountinfo import is_mounted
 from .errors import (
     ControlError,
     Damaged,
@@ -28,7 +29,7 @@ from .errors import (
     StaleRef,
     ThreadBindingError,
 )
-from .mount import Mount, is_mounted, mount
+from .mount import Mount, mount
 from .refs import FileRef, as_ref, content_hash, is_ref
 from .runs import Runs, ThreadIdError, runs
 

@@ -1,39 +1,42 @@
-"""LangGraph integration: a `files` channel of FileRefs and the nodes that keep it true.
+"""LangGraph integration: a `files` channel of FileRefs, the nodes that keep it
+true, and a checkpointer whose checkpoints bring their files back.
 
     class State(TypedDict):
         files: FilesChannel
 
-    runs = mount_tool.runs("runs")                       # one run dir per thread
+    runs = mount_tool.runs("runs")                       # every thread its own files
     graph.add_node("vfsd_step", make_step_node(runs))   # advance step, evict, prune refs
     graph.add_node("vfsd_sync", make_sync_node(runs))   # refs for files the shell wrote
     app = graph.compile(checkpointer=VfsdCheckpointer(InMemorySaver(), runs))
 
 Each takes a `Runs` (every call works on the files of the running node's
-thread) or one `Mount` (a graph with one thread).
+thread) or one `Mount` (a graph with one thread). Graph state holds only
+~150-byte references, so a checkpoint's size depends on the number of files,
+not on their size.
 
-`VfsdCheckpointer` (mount_tool.langgraph.checkpointer) makes each checkpoint hold its
-files: a replay, a fork or a resumed thread finds the mount as it was. Graph state holds only ~150-byte references, so a checkpoint's size depends on
-the number of files, not on their size.
+`channel` (`FilesChannel`, `files_reducer`), `nodes` (`make_step_node`,
+`make_sync_node`, `write_artifact`), `checkpointer` (`VfsdCheckpointer`: the
+wrapper around any saver), `threadfiles` (what the wrapper decides and keeps
+for one thread's files), `boundary` (step boundaries: where a checkpoint's
+files are captured), `history` (`verify_history`: does time travel give the
+right files) and `checkpoints` (measuring what checkpoints cost).
+
+This package imports the one-thread Mount, the Runs and what is below them,
+never the Deep Agents integration; `langgraph` (the library) is needed here
+and nowhere below.
 """
 
-from __future__ import annotations
-
-import os
-import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any
-
-from langchain_core.runnables import RunnableConfig
-from langgraph.channels.binop import BinaryOperatorAggregate
-from langgraph.config import get_config
-
-from ..errors import ControlError, SnapshotUnavailable, ThreadBindingError
-from ..mount import Mount
-from ..refs import FileRef, as_ref
-from ..runs import Runs, lease
-from .boundary import MISSING, RunState, adopt, at_boundary
+from ..errors import SnapshotUnavailable, ThreadBindingError
+from .channel import FilesAggregate, FilesChannel, files_reducer
 from .checkpointer import VfsdCheckpointer
 from .history import verify_history
+from .nodes import EVICTION_LOG_WINDOW as EVICTION_LOG_WINDOW  # not in __all__, as before
+from .nodes import (
+    langgraph_step,
+    make_step_node,
+    make_sync_node,
+    write_artifact,
+)
 
 __all__ = [
     "FilesAggregate",
@@ -48,218 +51,3 @@ __all__ = [
     "verify_history",
     "write_artifact",
 ]
-
-# How many recent eviction records the step node checks besides its own report,
-# to catch evictions that happened between steps (quota, an explicit `evict`).
-EVICTION_LOG_WINDOW = 256
-
-
-def files_reducer(
-    left: Mapping[str, FileRef | None] | None, right: Mapping[str, FileRef | None] | None
-) -> dict[str, FileRef]:
-    """Merge two `files` maps: keys in `right` win, and a None value deletes the key."""
-    merged: dict[str, Any] = {k: v for k, v in (left or {}).items() if v is not None}
-    for key, value in (right or {}).items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    return merged
-
-
-class FilesAggregate(BinaryOperatorAggregate):
-    """`FilesChannel`'s channel: a map of FileRefs merged by `files_reducer`,
-    whose `checkpoint()` is also the moment the wrapper captures the
-    checkpoint's files (see `mount_tool.langgraph.boundary`). It takes a version at a
-    thread's first superstep even when nothing writes it, so every checkpoint
-    from then on calls it."""
-
-    __slots__ = ("run", "versioned")
-
-    def __init__(self, typ: Any, operator: Callable[[Any, Any], Any] = files_reducer) -> None:
-        super().__init__(typ, operator)
-        self.versioned = False
-        self.run: RunState | None = None
-
-    def copy(self) -> FilesAggregate:
-        other = super().copy()
-        other.versioned, other.run = self.versioned, self.run
-        return other
-
-    def from_checkpoint(self, checkpoint: Any) -> FilesAggregate:
-        other = super().from_checkpoint(checkpoint)
-        other.versioned = checkpoint is not MISSING
-        other.run = adopt()
-        return other
-
-    def update(self, values: Sequence[Any]) -> bool:
-        if values:
-            self.versioned = True
-            return super().update(values)
-        if self.versioned:
-            return False
-        self.versioned = True
-        return True
-
-    def checkpoint(self) -> Any:
-        at_boundary(self.run)
-        return super().checkpoint()
-
-
-FilesChannel = Annotated[dict[str, FileRef], FilesAggregate]
-"""State annotation for a `files` map of FileRefs, merged by `files_reducer`
-(its channel, `FilesAggregate`, is also where `VfsdCheckpointer` captures
-each checkpoint's files, whoever compiles the graph)."""
-
-
-def langgraph_step(config: RunnableConfig | None = None) -> int:
-    """LangGraph's step counter for the running node (from config metadata)."""
-    for candidate in (config, _current_config()):
-        step = ((candidate or {}).get("metadata") or {}).get("langgraph_step")
-        if isinstance(step, int):
-            return step
-    raise RuntimeError("no langgraph_step in the config: call this inside a LangGraph node")
-
-
-def _current_config() -> RunnableConfig | None:
-    try:
-        return get_config()
-    except RuntimeError:
-        return None
-
-
-def _thread_of(config: RunnableConfig | None) -> str:
-    configurable = (config or {}).get("configurable") or {}
-    return f"{configurable.get('thread_id')}|{configurable.get('checkpoint_ns', '')}"
-
-
-def _files_of(state: Any, files_key: str) -> Mapping[str, FileRef]:
-    files = state.get(files_key) if isinstance(state, Mapping) else getattr(state, files_key, None)
-    return files or {}
-
-
-def _still_at(mount: Mount, ref: Mapping[str, Any]) -> bool:
-    """True when the ref's inode is still at its path (one lstat, answered from
-    the kernel's attribute cache)."""
-    try:
-        return mount.volume_ino(os.lstat(mount.resolve_path(ref["path"])).st_ino) == ref["ino"]
-    except (OSError, ValueError):
-        return False
-
-
-def make_step_node(
-    files: Mount | Runs, files_key: str = "files"
-) -> Callable[[Any, RunnableConfig], dict[str, Any]]:
-    """A node that moves the daemon's step to LangGraph's and prunes evicted refs.
-
-    The daemon's step never goes backwards: a subgraph (whose counter restarts
-    at 0) or a second thread on the same mount just re-runs eviction at the
-    current step. The node returns `{files_key: {key: None}}` for every ref in
-    state whose inode was evicted, which `files_reducer` turns into deletions.
-    """
-    last_step_seen: dict[str, int] = {}
-    lock = threading.Lock()
-
-    def vfsd_step(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        with lease(files) as mount:
-            return step(mount, state, config)
-
-    def step(mount: Mount, state: Any, config: RunnableConfig) -> dict[str, Any]:
-        target = langgraph_step(config)
-        try:
-            report = mount.set_step(target)
-        except ControlError as exc:
-            if exc.code != "bad_request":
-                raise
-            # LangGraph's counter is behind the daemon's: stay, but still evict.
-            report = mount.set_step(mount.get_step())
-        evicted = {rec["ino"] for rec in report.get("evicted", [])}
-        thread = _thread_of(config)
-        with lock:
-            since = last_step_seen.get(thread)
-            last_step_seen[thread] = int(report.get("step", target))
-        refs = _files_of(state, files_key)
-        if refs:
-            # Evictions outside set_step (quota on write, explicit evict) are in the log.
-            for rec in mount.evicted(limit=EVICTION_LOG_WINDOW):
-                if since is None or rec.get("evicted_step", 0) >= since:
-                    evicted.add(rec["ino"])
-        gone = {key: None for key, ref in refs.items() if ref and ref.get("ino") in evicted}
-        return {files_key: gone} if gone else {}
-
-    return vfsd_step
-
-
-def write_artifact(
-    files: Mount | Runs,
-    path: str,
-    data: bytes | str,
-    files_key: str = "files",
-    *,
-    status: str | None = None,
-) -> dict[str, Any]:
-    """Write `data` to `path` in the mount and return the state update with its ref only.
-
-    `status="done"` marks the file done right away (evicted after the
-    retention window). The key is the mount-relative path the daemon reports.
-    With a Runs, the file goes to the running node's thread.
-    """
-    with lease(files) as mount:
-        ref = mount.write(path, data)
-        if status is not None:
-            ref = mount.set_status(ref, status)
-    return {files_key: {ref["path"]: ref}}
-
-
-def make_sync_node(
-    files: Mount | Runs, files_key: str = "files"
-) -> Callable[[Any, RunnableConfig], dict[str, Any]]:
-    """A node that adds refs for files changed since its last run and drops removed ones.
-
-    Meant for files that tools wrote through the shell: it asks the daemon for
-    `changes` since the last step it synced (per thread), puts the current ref
-    of each changed file under its path, moves the key of a renamed inode, and
-    sets None for refs whose inode was unlinked or evicted.
-    """
-    synced_step: dict[str, int] = {}
-    lock = threading.Lock()
-
-    def vfsd_sync(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        with lease(files) as mount:
-            return sync(mount, state, config)
-
-    def sync(mount: Mount, state: Any, config: RunnableConfig) -> dict[str, Any]:
-        thread = _thread_of(config)
-        with lock:
-            since = synced_step.get(thread, 0)
-        delta = mount.changes(since)
-        with lock:
-            synced_step[thread] = int(delta.get("step", since))
-        view: dict[str, Any] = dict(_files_of(state, files_key))
-        updates: dict[str, FileRef | None] = {}
-        key_of_ino = {ref.get("ino"): key for key, ref in view.items() if ref}
-        for ref in delta["changed"]:
-            old_key = key_of_ino.get(ref["ino"])
-            if old_key is not None and old_key != ref["path"]:
-                del view[old_key]  # renamed: the inode's old key goes
-                updates[old_key] = None
-            key_of_ino[ref["ino"]] = ref["path"]
-            if view.get(ref["path"]) != ref:
-                view[ref["path"]] = updates[ref["path"]] = ref
-        removed = {rec["ino"] for rec in delta["removed"]}
-        for key, ref in list(view.items()):
-            if ref and ref.get("ino") in removed:
-                del view[key]
-                updates[key] = None
-        changed_inos = {ref["ino"] for ref in delta["changed"]}
-        for key, ref in list(view.items()):
-            if ref and ref.get("ino") not in changed_inos and not _still_at(mount, ref):
-                # Moved (a rename keeps the step, so `changes` does not list it) or gone.
-                current = mount.resolve(ref).get("ref")
-                del view[key]
-                updates[key] = None
-                if current and current.get("path"):
-                    updates[current["path"]] = as_ref(current)
-        return {files_key: updates} if updates else {}
-
-    return vfsd_sync

@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..daemon.mountinfo import is_mounted
 from ..errors import ControlError, MountToolError
-from ..mount import is_mounted
 
 if TYPE_CHECKING:
     from . import Runs
