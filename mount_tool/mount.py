@@ -33,7 +33,7 @@ from .errors import (
 )
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
-from .sandbox import SANDBOX_DIRS, reserved_reason
+from .reserved import SANDBOX_DIRS, reserved_reason
 
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.

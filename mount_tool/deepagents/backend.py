@@ -45,15 +45,14 @@ from ..daemon import toolcalls
 from ..errors import ControlError, MountToolError
 from ..mount import Mount
 from ..refs import FileRef
+from ..reserved import TMP_DIR, reserved_reason
 from ..runs import Runs, lease
 from ..sandbox import (
     DEFAULT_ENV_ALLOWLIST,
-    TMP_DIR,
     ExecLimits,
     RunResult,
     Sandbox,
     SandboxUnavailable,
-    reserved_reason,
 )
 from .evictnotes import glob_note, why_missing
 from .files import MountFiles

@@ -41,8 +41,9 @@ from ..langgraph.channel import files_reducer
 from ..langgraph.checkpointer import warn_if_unwrapped
 from ..mount import Mount
 from ..refs import FileRef
+from ..reserved import TMP_DIR
 from ..runs import Runs, lease
-from ..sandbox import TMP_DIR, Sandbox
+from ..sandbox import Sandbox
 from .evictnotes import turn_note
 from .offload import safe_file_stem
 

@@ -106,6 +106,7 @@ from .threadfiles import (
     FilesVersion,
     PutPlan,
     ThreadFiles,
+    copy_record,
     snapshot_seq,
 )
 
@@ -746,7 +747,9 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             if has_checkpoints:
                 logger.info("vfsd: thread %r has checkpoints but no files to copy", source[:200])
             return
-        self.runs.copy(source, target)
+        # The copy gets this wrapper's record too, before it is marked complete.
+        self.runs.copy(source, target, before_done=lambda source_state, target_state:
+                       copy_record(source_state, target_state, target))
 
     def _release_snapshots(self, threads: Iterable[str]) -> None:
         """Delete the snapshots of `threads` that no stored checkpoint names any

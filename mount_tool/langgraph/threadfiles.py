@@ -227,6 +227,22 @@ class RunDirRecord:
                 pass
 
 
+def copy_record(source_state: Path, target_state: Path, target: str) -> None:
+    """A copied thread's record (`Runs.copy`'s `before_done`): bound to the
+    target thread, with the source's interrupt pins (the copied snapshots
+    keep their pins, and the copied checkpoints are what releases them)."""
+    try:
+        doc = json.loads((source_state / RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        doc = {}
+    pins = doc.get("pins") if isinstance(doc, dict) else None
+    out = {"version": 1, "thread": target, "pins": pins if isinstance(pins, dict) else {}}
+    target_state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = target_state / f".{RECORD_NAME}.tmp"
+    tmp.write_text(json.dumps(out, indent=1))
+    os.replace(tmp, target_state / RECORD_NAME)
+
+
 def _remove_tree(dir_fd: int, name: str) -> None:
     """Remove `name` in directory `dir_fd` and everything under it, never following a symlink."""
     import stat as stat_mod

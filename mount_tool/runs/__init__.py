@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -410,13 +409,19 @@ class Runs:
         remove_thread_dir(run_dir)
         return True
 
-    def copy(self, source: Any, target: Any) -> ThreadMount | None:
+    def copy(self, source: Any, target: Any, *,
+             before_done: Callable[[Path, Path], None] | None = None) -> ThreadMount | None:
         """Give thread `target` a copy of `source`'s files with every snapshot
-        (same ids; content shared, not copied) on the source's shard, and the
-        source's checkpoint record; None when the source has no files. The
-        target must have none yet, and nothing is deleted that this call did
-        not make: a directory or a volume already there for the target is
-        refused with the way out."""
+        (same ids; content shared, not copied) on the source's shard; None
+        when the source has no files. The target must have none yet, and
+        nothing is deleted that this call did not make: a directory or a
+        volume already there for the target is refused with the way out.
+
+        `before_done(source_state, target_state)` is called with the two
+        threads' record directories (`.vfsd`) once the files are copied and
+        before the copy is marked complete (VfsdCheckpointer copies its own
+        record there): if it raises, the target stays a copy that did not
+        finish."""
         source, target = thread_key(source), thread_key(target)
         if source == target:
             raise ValueError("a thread cannot be copied onto itself")
@@ -452,7 +457,8 @@ class Runs:
                         "version that wrote the record last); nothing was changed: drop it "
                         f"(the shard's control op volume_drop) and copy again") from None
                 raise
-            _copy_checkpoint_record(m.state_dir, target_dir / ".vfsd", target)
+            if before_done is not None:
+                before_done(m.state_dir, target_dir / ".vfsd")
             write_record(target_dir, ThreadRecord(target, m.shard.name))
         return self.get(target)
 
@@ -518,24 +524,6 @@ def _mixed(run_dir: Path, recorded: str, asked: str) -> MountToolError:
     return MountToolError(
         f"{run_dir} records thread {recorded!r:.200}, not {asked!r:.200} (two ids with one "
         "hash, or a record edited by hand): refusing to mix them")
-
-
-def _copy_checkpoint_record(source_state: Path, target_state: Path, target: str) -> None:
-    """The copy's VfsdCheckpointer record: bound to the target thread, with
-    the source's interrupt pins (the copied snapshots keep their pins, and
-    the copied checkpoints are what releases them)."""
-    from ..langgraph.threadfiles import RECORD_NAME
-
-    try:
-        doc = json.loads((source_state / RECORD_NAME).read_text())
-    except (OSError, ValueError):
-        doc = {}
-    pins = doc.get("pins") if isinstance(doc, dict) else None
-    out = {"version": 1, "thread": target, "pins": pins if isinstance(pins, dict) else {}}
-    target_state.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = target_state / f".{RECORD_NAME}.tmp"
-    tmp.write_text(json.dumps(out, indent=1))
-    os.replace(tmp, target_state / RECORD_NAME)
 
 
 def runs(root: str | os.PathLike[str], **options: Any) -> Runs:
