@@ -3,6 +3,9 @@
 mount_tool never imports vfsd. It starts the daemon through its command line
 (`python -m vfsd.cli mount RUN_DIR ...`), then talks to it only through the
 mounted directory (POSIX calls) and the control socket.
+
+The one-thread form, below the Runs (whose threads are Mounts too) and the
+integrations: it imports the daemon's client and the shared modules only.
 """
 
 from __future__ import annotations

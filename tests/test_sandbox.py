@@ -1,4 +1,4 @@
-"""The execute sandbox on a real mount with real bubblewrap (mount_tool/sandbox.py).
+"""The execute sandbox on a real mount with real bubblewrap (mount_tool/sandbox/).
 
 One path space: `/` inside a command is the run's mount root, so the file
 tools and the shell name every file the same way. Isolation: attempts to

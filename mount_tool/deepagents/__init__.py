@@ -19,7 +19,8 @@
 
 This package is the top of the integrations: it may import everything of
 mount_tool below it (the LangGraph integration, the Runs, the Mount, the
-sandbox, the daemon's client), and nothing imports it but the demo.
+sandbox, the daemon's client); only the demo and the public API's aliases
+(`mount_tool.offload`) import it.
 """
 
 from .agent import NOT_OFFLOADED_TOOLS as NOT_OFFLOADED_TOOLS

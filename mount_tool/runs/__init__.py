@@ -41,7 +41,17 @@ run dirs of the earlier layout (a daemon per thread), are accepted and
 ignored: no thread holds a mount of its own.
 
 A root of that earlier layout (ROOT/store, run dirs under ROOT/threads) is
-served as is, from one more shard over its store (see mount_tool/runs/legacy.py).
+served as is, from one more shard over its store (see `legacy`).
+
+The package: this module (`Runs`, `runs()`, thread ids: `thread_key`,
+`thread_dir_name`, `thread_of`; `lease` and the use hooks by which the
+integrations reach the running thread's Mount), `shards` (the shard daemons
+and their connections), `threadmount` (`ThreadMount`: one thread as a
+Mount), `records` (the thread directories and their `thread.json`) and
+`legacy` (a root of the earlier layout). It imports the one-thread Mount,
+the daemon's client and what is below them, never an integration: what the
+checkpointer keeps of a copied thread it copies itself (`copy(...,
+before_done=)`).
 """
 
 from __future__ import annotations
