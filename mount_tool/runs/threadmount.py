@@ -78,7 +78,10 @@ class ThreadMount(Mount):
         except OSError as exc:
             raise self._unreachable(exc) from None
         try:
-            st = os.fstat(fd)
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:  # the open met a cached entry of a shard gone since
+                raise self._unreachable(exc) from None
             if st.st_ino & _LOCAL_MASK != _VOLUME_ROOT or st.st_dev != self.shard.dev:
                 raise OSError(errno.ENOTCONN, f"{self.root} is not the root of thread "
                               f"{self.thread_id!r:.80}'s files in the live mount of "
