@@ -250,9 +250,9 @@ def threads_workload(work: Path, counts: list[int], active: int, options: dict) 
     from langgraph.checkpoint.memory import InMemorySaver
 
     import mount_tool
-    from mount_tool.checkpointer import VfsdCheckpointer
     from mount_tool.deepagents import VfsdBackend, VfsdMiddleware
     from mount_tool.demo import conversation_model
+    from mount_tool.langgraph import VfsdCheckpointer
 
     results = []
     for count in counts:
@@ -407,7 +407,7 @@ class RoundTrips:
         self._original = None
 
     def __enter__(self) -> RoundTrips:
-        from mount_tool.client import ControlClient
+        from mount_tool.daemon.client import ControlClient
 
         original = self._original = ControlClient.call
         counts = self
@@ -421,7 +421,7 @@ class RoundTrips:
         return self
 
     def __exit__(self, *exc) -> None:
-        from mount_tool.client import ControlClient
+        from mount_tool.daemon.client import ControlClient
 
         ControlClient.call = self._original
 
@@ -474,9 +474,9 @@ def one_thread(work: Path, turns: int, options: dict) -> dict:
     from langgraph.checkpoint.memory import InMemorySaver
 
     import mount_tool
-    from mount_tool.checkpointer import VfsdCheckpointer
     from mount_tool.deepagents import VfsdBackend, VfsdMiddleware
     from mount_tool.demo import conversation_model
+    from mount_tool.langgraph import VfsdCheckpointer
 
     out: dict = {"turns": turns, "tool_calls_per_turn": 10, "model_calls_per_turn": 11}
     for variant in ("vfsd", "state"):
@@ -525,7 +525,7 @@ def write_vs_open(work: Path, n: int, options: dict) -> dict:
     from langchain_core.runnables.config import var_child_runnable_config
 
     import mount_tool
-    from mount_tool import toolcalls
+    from mount_tool.daemon import toolcalls
     from mount_tool.deepagents import VfsdBackend
 
     data = PAD

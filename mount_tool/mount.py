@@ -3,25 +3,27 @@
 mount_tool never imports vfsd. It starts the daemon through its command line
 (`python -m vfsd.cli mount RUN_DIR ...`), then talks to it only through the
 mounted directory (POSIX calls) and the control socket.
+
+The one-thread form, below the Runs (whose threads are Mounts too) and the
+integrations: it imports the daemon's client and the shared modules only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
-import re
 import stat
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import toolcalls
 from .beneath import makedirs_beneath, open_beneath, relative_parts
-from .client import ControlClient
+from .daemon import toolcalls
+from .daemon.client import ControlClient
+from .daemon.mountinfo import is_mounted, mount_point_listed
+from .daemon.spawn import mount_flags, vfsd_command
 from .errors import (
     ControlError,
     Damaged,
@@ -34,13 +36,11 @@ from .errors import (
 )
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
-from .sandbox import SANDBOX_DIRS, reserved_reason
-from .spawn import run_vfsd
+from .reserved import SANDBOX_DIRS, reserved_reason
 
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.
 PING_WAIT_SECONDS = 10.0
-_OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
 #: FUSE's root inode number: what the mount root's fd must show
 FUSE_ROOT_INO = 1
 # What _read_same_inode returns when the inode is there but cannot match the ref.
@@ -66,23 +66,6 @@ def _not_regular(rel: str) -> OSError:
                    "nothing was written")
 
 
-def is_mounted(path: str | os.PathLike[str]) -> bool:
-    """True when `path` is a mount point in this process's mount namespace."""
-    return _mount_point_listed(os.fsencode(os.path.realpath(path)))
-
-
-def _mount_point_listed(target: bytes) -> bool:
-    """Whether /proc/self/mountinfo lists the canonical path `target` (bytes: a
-    mount point's name need not be UTF-8)."""
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            # mountinfo escapes space, tab, newline and backslash as \ooo.
-            field = line.split(b" ")[4]
-            if _OCTAL_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field) == target:
-                return True
-    return False
-
-
 def _confined(opener: Callable[[], int], path: str, *, symlinks_refused: bool = False) -> int:
     """`opener()`, with the kernel's "that leads outside" (EXDEV, from
     RESOLVE_BENEATH) turned into the ValueError every path API raises; with
@@ -95,43 +78,6 @@ def _confined(opener: Callable[[], int], path: str, *, symlinks_refused: bool = 
         if exc.errno == errno.ELOOP and symlinks_refused:
             raise ValueError(f"{path!r} was replaced by a symlink while in use") from None
         raise
-
-
-#: daemon options that are on unless turned off (`--no-...`)
-ON_BY_DEFAULT = frozenset({"builtin_eviction_rules"})
-
-
-def mount_flags(options: Mapping[str, Any]) -> list[str]:
-    """Turn keyword options into `vfsd mount` flags.
-
-    done_retention_steps=3 -> ["--done-retention-steps", "3"]; True -> bare flag
-    (allow_other=True -> ["--allow-other"]); False -> the `--no-` flag of an
-    option that is on by default (builtin_eviction_rules=False), else left out,
-    as None is.
-    """
-    flags: list[str] = []
-    for key, value in options.items():
-        if key == "foreground":
-            raise ValueError("foreground would block: mount_tool always runs vfsd detached")
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False and key in ON_BY_DEFAULT:
-            flags.append("--no-" + flag[2:])
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, list | tuple | dict):  # eviction_rules: JSON
-            flags += [flag, json.dumps(list(value) if isinstance(value, tuple) else value)]
-        else:
-            flags += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
-    return flags
-
-
-def _run_vfsd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    try:
-        return run_vfsd(list(args), timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise MountError(f"vfsd {' '.join(args)} did not finish in {timeout} s") from exc
 
 
 class Mount:
@@ -161,7 +107,7 @@ class Mount:
         if is_mounted(run_dir / "fs"):
             return cls.attach(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        proc = _run_vfsd("mount", str(run_dir), *mount_flags(options))
+        proc = vfsd_command("mount", str(run_dir), *mount_flags(options))
         if proc.returncode != 0:
             raise MountError(
                 f"vfsd mount {run_dir} exited {proc.returncode}: "
@@ -189,7 +135,7 @@ class Mount:
     def is_mounted(self) -> bool:
         """Whether the mount is still there (`root` is canonical: no realpath,
         whose lstat of the mount root would wait on a busy daemon)."""
-        return _mount_point_listed(os.fsencode(self.root))
+        return mount_point_listed(os.fsencode(self.root))
 
     def _wait_for_ping(self) -> bool:
         deadline = time.monotonic() + PING_WAIT_SECONDS
@@ -203,7 +149,7 @@ class Mount:
     def unmount(self) -> None:
         """Unmount the run dir (whoever started the daemon) and close the client."""
         self.client.close()
-        proc = _run_vfsd("umount", str(self.run_dir))
+        proc = vfsd_command("umount", str(self.run_dir))
         if proc.returncode != 0 and self.is_mounted():
             raise MountError(
                 f"vfsd umount {self.run_dir} exited {proc.returncode}: "
@@ -846,7 +792,7 @@ class Mount:
         config.update(remote_url=url)
         flags = mount_flags({k: v for k, v in config.items() if v is not None})
         self.unmount()
-        proc = _run_vfsd("mount", str(self.run_dir), *flags, "--from", f"{run}@{snapshot_id}")
+        proc = vfsd_command("mount", str(self.run_dir), *flags, "--from", f"{run}@{snapshot_id}")
         if proc.returncode != 0:
             raise MountError(f"vfsd mount {self.run_dir} --from {run}@{snapshot_id} exited "
                              f"{proc.returncode}: {(proc.stderr or proc.stdout).strip()}")

@@ -173,7 +173,7 @@ def make_agent(runs: Any, **kwargs: Any) -> Any:
 
 if os.environ.get("VFSD_RUNS"):
     import mount_tool
-    from mount_tool.checkpointer import VfsdCheckpointer
+    from mount_tool.langgraph import VfsdCheckpointer
 
     runs = mount_tool.runs(Path(os.environ["VFSD_RUNS"]), max_mounted=64, **MOUNT_OPTIONS)
     agent = make_agent(runs)

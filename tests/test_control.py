@@ -707,7 +707,7 @@ def test_idle_connections_do_not_lock_out_the_control_plane(run) -> None:
     """64 connections that send nothing: clients still get in, mount_tool's
     persistent client and the vfsd CLI alike."""
     import mount_tool
-    from mount_tool.client import ControlClient
+    from mount_tool.daemon.client import ControlClient
 
     idle = [connect(run.run_dir) for _ in range(64)]
     try:
@@ -743,7 +743,7 @@ def read_until_closed(sock: socket.socket, limit_s: float = 30.0) -> int:
 
 
 def test_idle_timeout_closes_silent_stalled_and_unread_connections(short_idle) -> None:
-    from mount_tool.client import ControlClient
+    from mount_tool.daemon.client import ControlClient
 
     run = short_idle
     silent, stalled, unread = (connect(run.run_dir) for _ in range(3))
@@ -774,7 +774,7 @@ def test_saturated_daemon_gives_a_clear_error(run) -> None:
     """Every slot is busy sending a reply that its client does not read: a new
     client is told so, in words, instead of `reply id None != 2`."""
     import mount_tool
-    from mount_tool.client import ControlClient
+    from mount_tool.daemon.client import ControlClient
 
     stuck = []
     try:

@@ -38,10 +38,10 @@ from pgserver import pg_server  # noqa: E402, F401 - the fixture
 from test_deepagents import ScriptedChatModel, tool_call, turn  # noqa: E402
 
 import mount_tool  # noqa: E402
+from mount_tool.daemon.spawn import mount_flags  # noqa: E402
 from mount_tool.deepagents import VfsdBackend, create_vfsd_deep_agent  # noqa: E402
-from mount_tool.evictnotes import turn_note  # noqa: E402
-from mount_tool.mount import mount_flags  # noqa: E402
-from mount_tool.records import literal_name, record_path  # noqa: E402
+from mount_tool.deepagents.evictnotes import turn_note  # noqa: E402
+from mount_tool.deepagents.records import literal_name, record_path  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
 

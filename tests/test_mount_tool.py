@@ -13,7 +13,8 @@ import pytest
 from conftest import unmount_quietly
 
 import mount_tool
-from mount_tool.mount import is_mounted, mount_flags
+from mount_tool.daemon.mountinfo import is_mounted
+from mount_tool.daemon.spawn import mount_flags
 from mount_tool.paths import confine, mount_relative
 from mount_tool.refs import as_ref, content_hash
 

@@ -23,8 +23,8 @@ from langchain_core.runnables.config import var_child_runnable_config  # noqa: E
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 
 import mount_tool  # noqa: E402
-from mount_tool import toolcalls  # noqa: E402
-from mount_tool.client import ControlClient  # noqa: E402
+from mount_tool.daemon import toolcalls  # noqa: E402
+from mount_tool.daemon.client import ControlClient  # noqa: E402
 from mount_tool.deepagents import VfsdBackend, create_vfsd_deep_agent  # noqa: E402
 from mount_tool.demo import conversation_model  # noqa: E402
 

@@ -26,8 +26,8 @@ from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 import mount_tool  # noqa: E402
 from mount_tool import SnapshotUnavailable, ThreadIdError  # noqa: E402
-from mount_tool.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
 from mount_tool.langgraph import FilesChannel, write_artifact  # noqa: E402
+from mount_tool.langgraph.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
 from mount_tool.runs import THREAD_RECORD, ThreadRecord, thread_dir_name, write_record  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
@@ -220,6 +220,50 @@ def test_a_copy_deletes_nothing_it_did_not_make(runs):
             attempt()
     assert runs.delete(target)
     assert runs.copy(source, target).read_bytes("a.txt") == b"a"
+
+
+def test_a_copy_calls_before_done_before_it_is_complete(runs):
+    """`Runs.copy(..., before_done=)` is called with both threads' record
+    directories once the files are copied and while the target still says
+    it is a copy being made; one that raises leaves a copy that did not
+    finish. VfsdCheckpointer.copy_thread passes one that copies its record:
+    bound to the target, with the source's interrupt pins."""
+    source = fresh("src")
+    with runs.use(source) as m:
+        m.write("a.txt", "a")
+    seen = []
+
+    def before_done(source_state: Path, target_state: Path) -> None:
+        record = json.loads((target_state.parent / THREAD_RECORD).read_text())
+        seen.append((source_state, target_state, record.get("copying")))
+
+    target = fresh("dst")
+    assert runs.copy(source, target, before_done=before_done).read_bytes("a.txt") == b"a"
+    assert seen == [(runs.run_dir(source) / ".vfsd", runs.run_dir(target) / ".vfsd", True)]
+    assert "copying" not in json.loads((runs.run_dir(target) / THREAD_RECORD).read_text())
+
+    def fails(source_state: Path, target_state: Path) -> None:
+        raise OSError("no room for the record")
+
+    target = fresh("dst")
+    with pytest.raises(OSError, match="no room"):
+        runs.copy(source, target, before_done=fails)
+    with pytest.raises(mount_tool.MountToolError, match="did not finish"):
+        runs.get(target)
+    assert runs.delete(target)
+    # The checkpointer's own record travels with the copy.
+    saver = VfsdCheckpointer(InMemorySaver(), runs)
+    app = build(runs).compile(checkpointer=saver)
+    source, target = fresh("src"), fresh("dst")
+    app.invoke({"i": 0}, config(source))
+    record_path = runs.run_dir(source) / ".vfsd" / "langgraph.json"
+    record = json.loads(record_path.read_text())
+    assert record["thread"] == source
+    pins = {"some-checkpoint": {"snapshot": "s1", "was_pinned": True}}  # as an interrupt leaves
+    record_path.write_text(json.dumps({**record, "pins": pins}))
+    saver.copy_thread(source, target)
+    copied = json.loads((runs.run_dir(target) / ".vfsd" / "langgraph.json").read_text())
+    assert (copied["thread"], copied["pins"]) == (target, pins)
 
 
 def test_a_copy_never_deletes_a_thread_it_does_not_recognise(runs):

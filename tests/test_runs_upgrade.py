@@ -30,7 +30,7 @@ from conftest import daemons_under, mounts_under, tree  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 
 import mount_tool  # noqa: E402
-from mount_tool.checkpointer import VfsdCheckpointer, _copy_args, _writes_by_task  # noqa: E402
+from mount_tool.langgraph.checkpointer import VfsdCheckpointer, _copy_args, _writes_by_task  # noqa: E402
 from mount_tool.runs import thread_dir_name  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]

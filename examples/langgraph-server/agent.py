@@ -31,9 +31,9 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 import mount_tool
-from mount_tool.checkpointer import VfsdCheckpointer
 from mount_tool.deepagents import create_vfsd_deep_agent
 from mount_tool.demo import conversation_model
+from mount_tool.langgraph import VfsdCheckpointer
 
 ROOT = Path(os.environ.get("VFSD_RUNS") or
             Path.home() / ".local" / "state" / "vfsd" / "langgraph-runs")

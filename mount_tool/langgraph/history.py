@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..mount import Mount
+from ..refs import is_ref
+from ..runs import thread_of
 from .checkpointer import VfsdCheckpointer
-from .mount import Mount
-from .refs import is_ref
-from .runs import thread_of
 from .threadfiles import NO_FILES, FilesVersion
 
 #: directories of the mount whose files graph state never refers to

@@ -24,8 +24,8 @@ from typing import Any
 
 from deepagents.backends.utils import InvalidGlobPatternError, compile_grep_include_glob
 
-from .errors import MountToolError
-from .mount import Mount
+from ..errors import MountToolError
+from ..mount import Mount
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ depend on it.
 `run_vfsd(args)` gives what `subprocess.run([python, -m, vfsd.cli, *args])`
 would: the exit code, stdout and stderr. Where the helper cannot be used
 (MOUNT_TOOL_SPAWNER=0, it failed to start, or died), commands run as
-processes, with the same results.
+processes, with the same results. `mount_flags` turns a Mount's or a Runs'
+keyword options into `vfsd mount` flags.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import MountError
 
 VFSD_CLI = [sys.executable, "-m", "vfsd.cli"]
 #: seconds the helper may take to import everything and say it is ready
@@ -144,3 +149,42 @@ def run_vfsd(args: list[str], timeout: float) -> subprocess.CompletedProcess[str
         except (BrokenPipeError, ConnectionError):
             pass  # the helper died before it took the command: run it as a process
     return subprocess.run([*VFSD_CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+#: daemon options that are on unless turned off (`--no-...`)
+ON_BY_DEFAULT = frozenset({"builtin_eviction_rules"})
+
+
+def mount_flags(options: Mapping[str, Any]) -> list[str]:
+    """Turn keyword options into `vfsd mount` flags.
+
+    done_retention_steps=3 -> ["--done-retention-steps", "3"]; True -> bare flag
+    (allow_other=True -> ["--allow-other"]); False -> the `--no-` flag of an
+    option that is on by default (builtin_eviction_rules=False), else left out,
+    as None is.
+    """
+    flags: list[str] = []
+    for key, value in options.items():
+        if key == "foreground":
+            raise ValueError("foreground would block: mount_tool always runs vfsd detached")
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False and key in ON_BY_DEFAULT:
+            flags.append("--no-" + flag[2:])
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list | tuple | dict):  # eviction_rules: JSON
+            flags += [flag, json.dumps(list(value) if isinstance(value, tuple) else value)]
+        else:
+            flags += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+    return flags
+
+
+def vfsd_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`run_vfsd` for mount_tool's own commands: MountError when the command
+    does not finish within `timeout` seconds."""
+    try:
+        return run_vfsd(list(args), timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise MountError(f"vfsd {' '.join(args)} did not finish in {timeout} s") from exc

@@ -49,8 +49,8 @@ from deepagents.backends.utils import (
     slice_read_response,
 )
 
-from . import toolcalls
-from .beneath import open_beneath, relative_parts
+from ..beneath import open_beneath, relative_parts
+from ..daemon import toolcalls
 
 GLOB_TIMEOUT_SECONDS = 5
 MAX_GREP_FILE_BYTES = 10 << 20

@@ -13,8 +13,8 @@ from __future__ import annotations
 import errno
 import logging
 
-from .errors import MountToolError
-from .mount import Mount
+from ..errors import MountToolError
+from ..mount import Mount
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ namespaces, where:
   command runs in a new session with an allowlisted environment;
 - limits: wall time, CPU time of all processes together, memory, number of
   processes, output size and /tmp size. cgroups enforce them where the machine
-  offers them (mount_tool/cgroups.py); rlimits otherwise. `info()` says which.
+  offers them (mount_tool/sandbox/cgroups.py); rlimits otherwise. `info()` says which.
 
 `isolation="none"` opts out of the namespaces, by name: commands then run on
 the host in the mount root, as this process's user, with the same environment
@@ -55,19 +55,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import MountToolError
+from ..reserved import SANDBOX_DIRS, TMP_DIR
 from . import cgroups
-from .errors import MountToolError
 
 logger = logging.getLogger(__name__)
 
 ISOLATION_MODES = ("bwrap", "none")
-#: Mount points the sandbox needs at the root of the run's files. The daemon
-#: serves exactly these as hidden virtual directories (vfsd/fuse/ctldir.py).
-SANDBOX_DIRS = (
-    "bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "usr",
-)
-#: The root directory that is the sandbox's /tmp (a real one, with either mode).
-TMP_DIR = "tmp"
 #: "run": /tmp is the run's `tmp` directory, kept across calls; "call": a fresh tmpfs per call.
 TMP_MODES = ("run", "call")
 #: Set on the mount root: the daemon serves SANDBOX_DIRS from then on.
@@ -134,34 +128,6 @@ class RunResult:
     truncated: bool  # output over `output_bytes` was dropped
     stopped: str | None = None  # "timeout" or "cpu" when the sandbox stopped it
     notes: list[str] = field(default_factory=list)  # limits that bit, in words
-
-
-def reserved_reason(virtual_path: str, tmp: str = "run") -> str | None:
-    """Why the file tools may not use `virtual_path`, or None when they may.
-
-    Its first component is one of the sandbox's mount points: inside the
-    sandbox that path is the system's (or private), not the run's files.
-    /tmp is the run's own directory unless `tmp` is "call".
-    """
-    top = virtual_path.strip("/").split("/", 1)[0]
-    if top == TMP_DIR and tmp == "call":
-        return (
-            "/tmp is private to each execute call (tmp=\"call\": a fresh tmpfs, emptied when "
-            "the call returns), not part of the run's files; keep files under another "
-            "top-level directory (for example /work)"
-        )
-    if top not in SANDBOX_DIRS:
-        return None
-    if top == "run":
-        what = "private to each execute call (a fresh tmpfs, emptied when the call returns)"
-    elif top in ("proc", "dev"):
-        what = f"the sandbox's own /{top}"
-    else:
-        what = "a read-only system directory in the execute sandbox"
-    return (
-        f"/{top} is {what}, not part of the run's files; keep files under another "
-        "top-level directory (for example /work)"
-    )
 
 
 class Sandbox:

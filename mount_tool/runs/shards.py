@@ -25,9 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .client import ControlClient
-from .errors import ControlError, MountError
-from .mount import _mount_point_listed, _run_vfsd, mount_flags
+from ..daemon.client import ControlClient
+from ..daemon.mountinfo import mount_point_listed
+from ..daemon.spawn import mount_flags, vfsd_command
+from ..errors import ControlError, MountError
 
 logger = logging.getLogger(__name__)
 
@@ -149,12 +150,12 @@ class Shard:
         """Mount the shard, or attach to the daemon serving it already (one a
         process of this Runs' root left: the Runs owns every shard under it)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        live = _mount_point_listed(os.fsencode(self.mountpoint)) and self._pings()
+        live = mount_point_listed(os.fsencode(self.mountpoint)) and self._pings()
         if not live:
             args = ["mount", "--shard", str(self.run_dir)]
             if self.store is not None:
                 args += ["--store", str(self.store)]
-            proc = _run_vfsd(*args, *mount_flags(self.options), timeout=MOUNT_TIMEOUT)
+            proc = vfsd_command(*args, *mount_flags(self.options), timeout=MOUNT_TIMEOUT)
             if proc.returncode != 0:
                 raise MountError(f"vfsd mount --shard {self.run_dir} exited {proc.returncode}: "
                                  f"{(proc.stderr or proc.stdout).strip()}")
@@ -226,14 +227,14 @@ class Shard:
             self._closed = True
             pid = self.pid
             self.connections.close()
-            listed = _mount_point_listed(os.fsencode(self.mountpoint))
+            listed = mount_point_listed(os.fsencode(self.mountpoint))
             if not self.starts or (not listed and not self.alive()):
                 self._forget()
                 return  # never mounted by this Runs, or gone with nothing left
             # A live mount, or the stale one a dead daemon left: `vfsd umount` removes either.
-            proc = _run_vfsd("umount", str(self.run_dir), "--timeout", str(UNMOUNT_TIMEOUT),
+            proc = vfsd_command("umount", str(self.run_dir), "--timeout", str(UNMOUNT_TIMEOUT),
                              timeout=UNMOUNT_TIMEOUT + 30)
-            if proc.returncode != 0 and _mount_point_listed(os.fsencode(self.mountpoint)):
+            if proc.returncode != 0 and mount_point_listed(os.fsencode(self.mountpoint)):
                 logger.warning("vfsd: %s is busy (%s): detaching it",
                                self.shown, (proc.stderr or proc.stdout).strip())
                 subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)],
@@ -246,7 +247,7 @@ class Shard:
         if not gone:
             raise MountError(f"the daemon of {self.shown} (pid {pid}) did not exit within "
                              f"{UNMOUNT_TIMEOUT:g} s of its unmount")
-        if _mount_point_listed(os.fsencode(self.mountpoint)):
+        if mount_point_listed(os.fsencode(self.mountpoint)):
             raise MountError(f"{self.mountpoint} is still mounted")
 
     def _wait_exit(self, timeout: float) -> bool:

@@ -4,8 +4,8 @@
 what the wrapper keeps in the run dir; `ThreadFiles` the decisions for one run
 dir (align the files at a run start, bind a checkpoint to its snapshot,
 publish, pin at interrupts, release), made with the thread's mount held. The
-wrapper (`mount_tool.checkpointer`) routes each call to the ThreadFiles of
-its thread; the snapshots of step boundaries are taken by `mount_tool.boundary`.
+wrapper (`mount_tool.langgraph.checkpointer`) routes each call to the ThreadFiles of
+its thread; the snapshots of step boundaries are taken by `mount_tool.langgraph.boundary`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.base import Checkpoint, CheckpointTuple
 
-from .errors import (
+from ..errors import (
     ControlError,
     MountError,
     MountToolError,
@@ -32,8 +32,8 @@ from .errors import (
     SnapshotUnavailable,
     ThreadBindingError,
 )
-from .mount import Mount
-from .refs import as_ref, is_ref
+from ..mount import Mount
+from ..refs import as_ref, is_ref
 
 if TYPE_CHECKING:
     from .boundary import Capture
@@ -225,6 +225,22 @@ class RunDirRecord:
                 path.unlink()
             except FileNotFoundError:
                 pass
+
+
+def copy_record(source_state: Path, target_state: Path, target: str) -> None:
+    """A copied thread's record (`Runs.copy`'s `before_done`): bound to the
+    target thread, with the source's interrupt pins (the copied snapshots
+    keep their pins, and the copied checkpoints are what releases them)."""
+    try:
+        doc = json.loads((source_state / RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        doc = {}
+    pins = doc.get("pins") if isinstance(doc, dict) else None
+    out = {"version": 1, "thread": target, "pins": pins if isinstance(pins, dict) else {}}
+    target_state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = target_state / f".{RECORD_NAME}.tmp"
+    tmp.write_text(json.dumps(out, indent=1))
+    os.replace(tmp, target_state / RECORD_NAME)
 
 
 def _remove_tree(dir_fd: int, name: str) -> None:

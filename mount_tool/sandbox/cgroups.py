@@ -12,7 +12,7 @@ Both cgroup v2 and the v1 controllers (`pids`, `memory`, `cpuacct`) are used,
 whichever the machine provides for each resource; v2 controllers can only be
 used where they are enabled for this process's cgroup (delegated). What is
 in force is reported by `available()`; a resource without a cgroup falls back
-to rlimits in mount_tool/sandbox.py.
+to rlimits in mount_tool/sandbox/sandbox.py.
 """
 
 from __future__ import annotations

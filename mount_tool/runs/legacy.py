@@ -25,11 +25,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ControlError, MountToolError
-from .mount import is_mounted
+from ..daemon.mountinfo import is_mounted
+from ..errors import ControlError, MountToolError
 
 if TYPE_CHECKING:
-    from .runs import Runs
+    from . import Runs
 
 #: the shard that serves the earlier layout's store
 LEGACY_SHARD = "legacy"

@@ -41,7 +41,17 @@ run dirs of the earlier layout (a daemon per thread), are accepted and
 ignored: no thread holds a mount of its own.
 
 A root of that earlier layout (ROOT/store, run dirs under ROOT/threads) is
-served as is, from one more shard over its store (see mount_tool/legacy.py).
+served as is, from one more shard over its store (see `legacy`).
+
+The package: this module (`Runs`, `runs()`, thread ids: `thread_key`,
+`thread_dir_name`, `thread_of`; `lease` and the use hooks by which the
+integrations reach the running thread's Mount), `shards` (the shard daemons
+and their connections), `threadmount` (`ThreadMount`: one thread as a
+Mount), `records` (the thread directories and their `thread.json`) and
+`legacy` (a root of the earlier layout). It imports the one-thread Mount,
+the daemon's client and what is below them, never an integration: what the
+checkpointer keeps of a copied thread it copies itself (`copy(...,
+before_done=)`).
 """
 
 from __future__ import annotations
@@ -49,10 +59,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import os
-import re
 import threading
 import time
 import uuid
@@ -63,18 +71,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ControlError, MountError, MountToolError
+from ..mount import Mount
 from . import legacy
-from .errors import ControlError, MountError, MountToolError
-from .mount import Mount
+from .records import (
+    SHARDS_DIR,
+    THREAD_RECORD,
+    THREADS_DIR,
+    ThreadRecord,
+    link_thread_files,
+    read_record,
+    remove_thread_dir,
+    write_record,
+)
 from .shards import Shard
 from .threadmount import ThreadMount
 
 logger = logging.getLogger(__name__)
 
-THREADS_DIR = "threads"
-SHARDS_DIR = "shards"
-THREAD_RECORD = "thread.json"
-RECORD_VERSION = 2
 #: a thread id longer than this (in UTF-8 bytes) is refused
 MAX_THREAD_ID_BYTES = 64 * 1024
 #: the file bytes a thread's snapshots may record (`snapshot_keep_bytes`)
@@ -87,8 +101,6 @@ DROP_TIMEOUT = 600.0
 THREADS_KEPT = 4096
 #: seconds `close` waits for the calls in flight before unmounting under them
 CLOSE_GRACE_SECONDS = 5.0
-#: what a shard's name may be (a number, or the earlier layout's)
-_SHARD_NAME = re.compile(r"[0-9]{1,6}|" + legacy.LEGACY_SHARD)
 #: mount options a Runs decides itself
 _NOT_OPTIONS = {
     "store": "each shard keeps its own store (ROOT/shards/<k>/.vfsd)",
@@ -145,18 +157,6 @@ def current_config() -> Mapping[str, Any]:
 
     return get_config()
 
-
-
-@dataclass(frozen=True)
-class ThreadRecord:
-    """What `ROOT/threads/t<hex>/thread.json` says: the thread's id, its shard
-    (None: a run dir of the earlier layout, version 1), and whether it is a
-    copy still being made (`copying`: its record is written first, so a copy
-    that dies half way leaves a thread that says so, which `delete` removes)."""
-
-    thread_id: str
-    shard: str | None
-    copying: bool = False
 
 
 @dataclass(eq=False)
@@ -372,7 +372,7 @@ class Runs:
             if exc.code == "wrong_thread":
                 raise MountToolError(f"{run_dir}: {exc.message}") from None
             raise
-        _link(run_dir, shard, name)
+        link_thread_files(run_dir, shard, name)
         return ThreadMount(shard, name, thread_id, run_dir)
 
     # -- thread lifecycle ------------------------------------------------------
@@ -416,16 +416,22 @@ class Runs:
             if exc.code == "busy":
                 raise MountError(f"thread {thread_id!r:.200}: {exc.message}") from None
             raise
-        _remove_thread_dir(run_dir)
+        remove_thread_dir(run_dir)
         return True
 
-    def copy(self, source: Any, target: Any) -> ThreadMount | None:
+    def copy(self, source: Any, target: Any, *,
+             before_done: Callable[[Path, Path], None] | None = None) -> ThreadMount | None:
         """Give thread `target` a copy of `source`'s files with every snapshot
-        (same ids; content shared, not copied) on the source's shard, and the
-        source's checkpoint record; None when the source has no files. The
-        target must have none yet, and nothing is deleted that this call did
-        not make: a directory or a volume already there for the target is
-        refused with the way out."""
+        (same ids; content shared, not copied) on the source's shard; None
+        when the source has no files. The target must have none yet, and
+        nothing is deleted that this call did not make: a directory or a
+        volume already there for the target is refused with the way out.
+
+        `before_done(source_state, target_state)` is called with the two
+        threads' record directories (`.vfsd`) once the files are copied and
+        before the copy is marked complete (VfsdCheckpointer copies its own
+        record there): if it raises, the target stays a copy that did not
+        finish."""
         source, target = thread_key(source), thread_key(target)
         if source == target:
             raise ValueError("a thread cannot be copied onto itself")
@@ -453,7 +459,7 @@ class Runs:
                 m.client.long_call("volume_copy", COPY_TIMEOUT, target=name,
                                    target_thread=target)
             except ControlError as exc:
-                _remove_thread_dir(target_dir)  # the record this call wrote, and nothing else
+                remove_thread_dir(target_dir)  # the record this call wrote, and nothing else
                 if "exists" in exc.message:
                     raise MountToolError(
                         f"{m.shard.shown} holds a volume for thread {target!r:.200} already "
@@ -461,7 +467,8 @@ class Runs:
                         "version that wrote the record last); nothing was changed: drop it "
                         f"(the shard's control op volume_drop) and copy again") from None
                 raise
-            _copy_checkpoint_record(m.state_dir, target_dir / ".vfsd", target)
+            if before_done is not None:
+                before_done(m.state_dir, target_dir / ".vfsd")
             write_record(target_dir, ThreadRecord(target, m.shard.name))
         return self.get(target)
 
@@ -527,119 +534,6 @@ def _mixed(run_dir: Path, recorded: str, asked: str) -> MountToolError:
     return MountToolError(
         f"{run_dir} records thread {recorded!r:.200}, not {asked!r:.200} (two ids with one "
         "hash, or a record edited by hand): refusing to mix them")
-
-
-def read_record(run_dir: Path) -> ThreadRecord | None:
-    """What a thread's record says, None when it has none yet."""
-    path = run_dir / THREAD_RECORD
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise MountToolError(f"{path} is unreadable ({exc}): it names the thread whose "
-                             "files are there; fix or remove it") from exc
-    thread = doc.get("thread_id") if isinstance(doc, dict) else None
-    if not isinstance(thread, str):
-        raise MountToolError(f"{path} names no thread")
-    if doc.get("version", 1) == 1:
-        return ThreadRecord(thread, None)
-    shard = doc.get("shard")
-    if not isinstance(shard, str) or not _SHARD_NAME.fullmatch(shard):
-        raise MountToolError(f"{path} names no shard ({shard!r:.80}): fix or remove it")
-    return ThreadRecord(thread, shard, copying=doc.get("copying") is True)
-
-
-def write_record(run_dir: Path, record: ThreadRecord) -> None:
-    """Write a thread's record (temporary file, then rename)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / THREAD_RECORD
-    tmp = path.with_name(f".{THREAD_RECORD}.{os.getpid()}.{threading.get_ident()}")
-    doc = {"version": RECORD_VERSION, "thread_id": record.thread_id, "shard": record.shard}
-    if record.copying:
-        doc["copying"] = True
-    # The owner's only: with --allow-other other users may reach the thread's directory.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc))
-    os.replace(tmp, path)
-
-
-def _link(run_dir: Path, shard: Shard, name: str) -> None:
-    """The thread's record directory (.vfsd/) and its `fs` link to its files."""
-    (run_dir / ".vfsd").mkdir(mode=0o700, exist_ok=True)
-    fs = run_dir / "fs"
-    target = os.path.join("..", "..", SHARDS_DIR, shard.name, "fs", name)
-    try:
-        if os.readlink(fs) == target:
-            return
-    except FileNotFoundError:
-        pass
-    except OSError:  # not a link: something else took the name
-        logger.warning("vfsd: %s is not a link to the thread's files (%s): left as it is",
-                       fs, shard.mountpoint / name)
-        return
-    tmp = run_dir / f".fs.{os.getpid()}.{threading.get_ident()}"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    os.symlink(target, tmp)
-    os.replace(tmp, fs)
-
-
-#: what a thread's directory holds that a Runs (or the earlier layout's daemon) made
-_OWN_FILES = ("thread.json", "fs")
-_OWN_STATE = ("langgraph.json", "langgraph.position", "store.json", "store.json.adopted",
-              "vfsd.log", "vfsd.log.1", "vfsd.pid", "vfsd.sock", "accesslog")
-
-
-def _remove_thread_dir(run_dir: Path) -> None:
-    """Remove what a thread's directory holds of ours; anything else stays
-    (and then the directory too, said in the log)."""
-    state = run_dir / ".vfsd"
-    for path in [*(run_dir / n for n in _OWN_FILES), *(state / n for n in _OWN_STATE)]:
-        with contextlib.suppress(FileNotFoundError):
-            if path.is_dir() and not path.is_symlink():
-                os.rmdir(path)  # the earlier layout's mountpoint: empty
-            else:
-                path.unlink()
-    for directory in (run_dir, state):
-        for leftover in _listdir(directory):
-            if leftover.startswith((".thread.json.", ".langgraph.json.", ".fs.")):
-                with contextlib.suppress(OSError):
-                    (directory / leftover).unlink()
-    for directory in (state, run_dir):
-        try:
-            os.rmdir(directory)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            logger.warning("vfsd: %s holds files no Runs made (%s): left there", directory,
-                           ", ".join(sorted(_listdir(directory))[:5]))
-
-
-def _listdir(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-def _copy_checkpoint_record(source_state: Path, target_state: Path, target: str) -> None:
-    """The copy's VfsdCheckpointer record: bound to the target thread, with
-    the source's interrupt pins (the copied snapshots keep their pins, and
-    the copied checkpoints are what releases them)."""
-    from .threadfiles import RECORD_NAME
-
-    try:
-        doc = json.loads((source_state / RECORD_NAME).read_text())
-    except (OSError, ValueError):
-        doc = {}
-    pins = doc.get("pins") if isinstance(doc, dict) else None
-    out = {"version": 1, "thread": target, "pins": pins if isinstance(pins, dict) else {}}
-    target_state.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = target_state / f".{RECORD_NAME}.tmp"
-    tmp.write_text(json.dumps(out, indent=1))
-    os.replace(tmp, target_state / RECORD_NAME)
 
 
 def runs(root: str | os.PathLike[str], **options: Any) -> Runs:

@@ -1,115 +1,31 @@
-"""LangGraph integration: a `files` channel of FileRefs and the nodes that keep it true.
+"""The nodes that keep a graph's `files` true to the mount.
 
-    class State(TypedDict):
-        files: FilesChannel
-
-    runs = mount_tool.runs("runs")                       # one run dir per thread
     graph.add_node("vfsd_step", make_step_node(runs))   # advance step, evict, prune refs
     graph.add_node("vfsd_sync", make_sync_node(runs))   # refs for files the shell wrote
-    app = graph.compile(checkpointer=VfsdCheckpointer(InMemorySaver(), runs))
 
-Each takes a `Runs` (every call works on the files of the running node's
-thread) or one `Mount` (a graph with one thread).
-
-`VfsdCheckpointer` (mount_tool.checkpointer) makes each checkpoint hold its
-files: a replay, a fork or a resumed thread finds the mount as it was. Graph state holds only ~150-byte references, so a checkpoint's size depends on
-the number of files, not on their size.
+`write_artifact` writes a file and gives the state update with its ref. Each
+takes a `Runs` (every call works on the files of the running node's thread)
+or one `Mount` (a graph with one thread).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.config import get_config
 
-from .boundary import MISSING, RunState, adopt, at_boundary
-from .checkpointer import VfsdCheckpointer
-from .errors import ControlError, SnapshotUnavailable, ThreadBindingError
-from .history import verify_history
-from .mount import Mount
-from .refs import FileRef, as_ref
-from .runs import Runs, lease
-
-__all__ = [
-    "FilesAggregate",
-    "FilesChannel",
-    "SnapshotUnavailable",
-    "ThreadBindingError",
-    "VfsdCheckpointer",
-    "files_reducer",
-    "langgraph_step",
-    "make_step_node",
-    "make_sync_node",
-    "verify_history",
-    "write_artifact",
-]
+from ..errors import ControlError
+from ..mount import Mount
+from ..refs import FileRef, as_ref
+from ..runs import Runs, lease
 
 # How many recent eviction records the step node checks besides its own report,
 # to catch evictions that happened between steps (quota, an explicit `evict`).
 EVICTION_LOG_WINDOW = 256
-
-
-def files_reducer(
-    left: Mapping[str, FileRef | None] | None, right: Mapping[str, FileRef | None] | None
-) -> dict[str, FileRef]:
-    """Merge two `files` maps: keys in `right` win, and a None value deletes the key."""
-    merged: dict[str, Any] = {k: v for k, v in (left or {}).items() if v is not None}
-    for key, value in (right or {}).items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    return merged
-
-
-class FilesAggregate(BinaryOperatorAggregate):
-    """`FilesChannel`'s channel: a map of FileRefs merged by `files_reducer`,
-    whose `checkpoint()` is also the moment the wrapper captures the
-    checkpoint's files (see `mount_tool.boundary`). It takes a version at a
-    thread's first superstep even when nothing writes it, so every checkpoint
-    from then on calls it."""
-
-    __slots__ = ("run", "versioned")
-
-    def __init__(self, typ: Any, operator: Callable[[Any, Any], Any] = files_reducer) -> None:
-        super().__init__(typ, operator)
-        self.versioned = False
-        self.run: RunState | None = None
-
-    def copy(self) -> FilesAggregate:
-        other = super().copy()
-        other.versioned, other.run = self.versioned, self.run
-        return other
-
-    def from_checkpoint(self, checkpoint: Any) -> FilesAggregate:
-        other = super().from_checkpoint(checkpoint)
-        other.versioned = checkpoint is not MISSING
-        other.run = adopt()
-        return other
-
-    def update(self, values: Sequence[Any]) -> bool:
-        if values:
-            self.versioned = True
-            return super().update(values)
-        if self.versioned:
-            return False
-        self.versioned = True
-        return True
-
-    def checkpoint(self) -> Any:
-        at_boundary(self.run)
-        return super().checkpoint()
-
-
-FilesChannel = Annotated[dict[str, FileRef], FilesAggregate]
-"""State annotation for a `files` map of FileRefs, merged by `files_reducer`
-(its channel, `FilesAggregate`, is also where `VfsdCheckpointer` captures
-each checkpoint's files, whoever compiles the graph)."""
 
 
 def langgraph_step(config: RunnableConfig | None = None) -> int:

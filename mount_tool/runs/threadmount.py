@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import MountError, MountToolError
-from .mount import SYNC_GRACE_SECONDS, Mount
-from .refs import DEFAULT_CHUNK_SIZE
+from ..errors import MountError, MountToolError
+from ..mount import SYNC_GRACE_SECONDS, Mount
+from ..refs import DEFAULT_CHUNK_SIZE
 from .shards import LOCAL_BITS, Shard, VolumeClient
 
 _LOCAL_MASK = (1 << LOCAL_BITS) - 1
@@ -80,7 +80,7 @@ class ThreadMount(Mount):
         try:
             try:
                 st = os.fstat(fd)
-            except OSError as exc:  # the shard died between the open and now
+            except OSError as exc:  # the open met a cached entry of a shard gone since
                 raise self._unreachable(exc) from None
             if st.st_ino & _LOCAL_MASK != _VOLUME_ROOT or st.st_dev != self.shard.dev:
                 raise OSError(errno.ENOTCONN, f"{self.root} is not the root of thread "
