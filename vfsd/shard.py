@@ -37,7 +37,7 @@ from vfsd.steps import drive
 from vfsd.store.store import Store
 
 from .config import Config
-from .daemon import DaemonBase
+from .daemon import DaemonBase, shown_path
 from .errors import Exists, NoSuchVolume, StartupError, StoreLocked, StoreVersionError
 from .rundir import RunDir, lock_volume
 from .volume import Place, Volume
@@ -131,6 +131,14 @@ class ShardDaemon(DaemonBase):
 
     def served(self) -> list[Volume]:
         return list(self.loaded.values())
+
+    def titles(self) -> tuple[str, str]:
+        """`vfsd shard 0 of /srv/runs` for shard 0 of a Runs root (ROOT/shards/0)."""
+        path = self.run.path
+        if path.parent.name == "shards":
+            name = shown_path(Path(path.name))
+            return f"vfsd shard {name} of {shown_path(path.parent.parent)}", f"vfsd shard {name}"
+        return f"vfsd shard of {shown_path(path)}", f"vfsd shard {shown_path(Path(path.name))}"
 
     def in_use(self, vol: int, ino: int) -> bool:
         v = self._by_vol.get(vol)
