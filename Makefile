@@ -1,10 +1,10 @@
-# The two commands a newcomer needs: `make demo` and `make test`.
-# Both install what is missing first (scripts/setup.sh).
+# The commands a newcomer needs: `make demo` and `make test` (and `make docs` for the
+# documentation site). Each installs what is missing first (scripts/setup.sh).
 
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup setup-demo demo test test-fast test-long bench bench-quick lint clean \
+.PHONY: setup setup-demo demo test test-fast test-long bench bench-quick lint docs clean \
         dist install install-bin install-units uninstall
 
 setup:
@@ -43,6 +43,12 @@ bench-quick: setup
 
 lint: setup
 	@.venv/bin/ruff check vfsd mount_tool tests bench
+
+# The documentation site: README.md and docs/*.md, built into site/ (mkdocs.yml).
+# Strict: a broken link or anchor fails the build. Needs no network.
+docs: setup
+	@NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
+	@echo "docs: site/index.html"
 
 # ------------------------------------------------------------ packaging, install
 # `make dist`: the wheel and the sdist in dist/ (python -m build).
@@ -91,4 +97,4 @@ uninstall:
 	    "$(DESTDIR)$(UNITDIR)"/vfsd-gc@.timer "$(DESTDIR)$(USERUNITDIR)"/vfsd@.service
 
 clean:
-	rm -rf .venv build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf .venv build dist site *.egg-info .pytest_cache .hypothesis

@@ -7,7 +7,7 @@
     with mount_tool.runs("runs") as runs:        # every graph thread its own files,
         m = runs.get(thread_id)                  # a directory of a few shard daemons
 
-The folders are the parts, lowest first (README, "Architecture";
+The folders are the parts, lowest first (docs/architecture.md;
 `tests/test_layers.py` checks that imports run down this list only):
 `errors`, `refs`, `paths`, `beneath` and `reserved` (what every part shares),
 then `daemon/` (talking to vfsd: the control client, starting daemons, the

@@ -2,7 +2,7 @@
 
 Every import of every vfsd and mount_tool module is read from its source
 (lazy imports inside functions included) and checked against the layers the
-README's architecture section lists, and for import cycles (imports under
+architecture page (docs/architecture.md) lists, and for import cycles (imports under
 `if TYPE_CHECKING:` run only for type checkers: they count for the layers,
 not for cycles). A second check imports a layer in a fresh interpreter and
 looks at what it loaded.
@@ -181,7 +181,7 @@ MOUNT_TOOL_STACK = Stack(MOUNT_TOOL, MOUNT_TOOL_LAYERS)
 
 def test_every_module_has_a_layer():
     assert VFSD.unplaced() == [], \
-        f"add these to the README's layers and to LAYERS: {VFSD.unplaced()}"
+        f"add these to docs/architecture.md's layers and to LAYERS: {VFSD.unplaced()}"
 
 
 def test_imports_run_down_the_stack():
@@ -195,7 +195,7 @@ def test_no_import_cycles():
 
 def test_every_mount_tool_module_has_a_layer():
     assert MOUNT_TOOL_STACK.unplaced() == [], (
-        "add these to the README's mount_tool layers and to MOUNT_TOOL_LAYERS: "
+        "add these to docs/architecture.md's mount_tool layers and to MOUNT_TOOL_LAYERS: "
         f"{MOUNT_TOOL_STACK.unplaced()}")
 
 

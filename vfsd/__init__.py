@@ -6,7 +6,7 @@ objects, chunk files; the only code that knows the key layout), `snapshots`
 (pyfuse3 operations), then `config`, `eviction`, `status`, `metrics` and
 `fsck`, then `control` (the control socket), `daemon` (one trio nursery wiring
 them together) and `cli` (the command line). Imports run down that list only
-(README, "Architecture"; `tests/test_layers.py` checks it).
+(docs/architecture.md; `tests/test_layers.py` checks it).
 """
 
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ for every command):
 - **Errors on stderr, never on stdout:** `fail(message, code)` prints
   `vfsd: message` and exits. Exit codes (`EXIT_*` below): 0 done, 1 failed,
   2 bad input (click's usage errors too), and the verb-specific ones listed
-  there (each documented in the README's command table and tested). A warning
+  there (each documented in the command table of docs/operations.md and tested). A warning
   that does not change the outcome goes to stderr too (`warn`).
 - **Inputs as a tired user types them:** sizes take units (`SIZE`, `10G`,
   `256MiB`); paths inside the mount may be relative to its root or absolute.

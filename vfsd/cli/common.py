@@ -18,7 +18,7 @@ from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
 from vfsd.rundir import RunDir, mount_state, pid_alive
 
 # Exit codes. 0, 1 and 2 mean the same for every verb; the others belong to
-# the verbs named and are documented in the README's command table.
+# the verbs named and are documented in the command table (docs/operations.md).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad input: click's own usage errors use 2 as well
