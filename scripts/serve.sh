@@ -28,6 +28,16 @@ if [ -n "${VFSD_CONFIG:-}" ]; then
     export VFSD_CONFIG="$(realpath -m -- "$VFSD_CONFIG")"
 fi
 CHECKOUT="$(cd "$(dirname "$0")/.." && pwd)"
+# langgraph dev moves to another port, saying so in one log line among many,
+# when its own is taken: a client of PORT would reach the other server instead.
+if ! "$CHECKOUT/.venv/bin/python" -c '
+import socket, sys
+with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", int(sys.argv[1])))' "$PORT" 2>/dev/null; then
+    echo "serve: port $PORT of 127.0.0.1 is taken (another server?); give another: make serve PORT=..." >&2
+    exit 2
+fi
 STATE="$VFSD_RUNS/langgraph-server"
 mkdir -p "$STATE"
 cd "$STATE"

@@ -40,8 +40,9 @@ JOBS = 6
 class Serve:
     """One `make serve` in a process group of its own."""
 
-    def __init__(self, root: Path, log: Path, **env: str) -> None:
-        self.root, self.log, self.port = root, log, free_port()
+    def __init__(self, root: Path, log: Path, port: int | None = None, **env: str) -> None:
+        self.root, self.log = root, log
+        self.port = port if port is not None else free_port()
         environ = {**os.environ, "VFSD_RUNS": str(root), "VFSD_SHARDS": "2",
                    "LANGSMITH_TRACING": "false", **env}
         with open(log, "ab") as out:
@@ -197,3 +198,24 @@ def test_a_bad_vfsd_config_stops_the_server_at_start_naming_the_key(tmp_path):
     assert str(bad) in text
     assert not (root / "shards").exists() and not (root / "threads").exists()
     assert mounts_under(root) == [] and daemons_under(root) == []
+
+
+def test_a_taken_port_is_refused_naming_it(tmp_path):
+    """langgraph dev would serve on another port, saying so in its log only:
+    `make serve` refuses, naming the port."""
+    import socket
+
+    root, log = tmp_path / "runs", tmp_path / "serve.log"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = Serve(root, log, port=port)
+        try:
+            code = server.proc.wait(timeout=300)  # on its own: no signal
+        finally:
+            server.stop()
+    text = log.read_text(errors="replace")
+    assert code != 0
+    assert f"port {port} of 127.0.0.1 is taken" in text and "PORT=" in text, text[-3000:]
+    assert not (root / "shards").exists()
