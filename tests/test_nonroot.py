@@ -24,6 +24,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -62,13 +63,16 @@ def blocked_dirs(paths: list[Path]) -> dict[Path, set[str]]:
     return dict(sorted(blocked.items(), key=lambda kv: len(kv[0].parts)))
 
 
-def namespace_script(scratch: Path, fuse_open: bool, blocked: dict[Path, set[str]],
-                     user: pwd.struct_passwd, home: Path, runs: Path) -> str:
-    """What runs as root in the private mount namespace, then as the user."""
+def namespace_script(scratch: Path, fuse_mode: int | None, blocked: dict[Path, set[str]],
+                     user: pwd.struct_passwd, home: Path, argv: list[str],
+                     env: dict[str, str]) -> str:
+    """What runs as root in the private mount namespace, then `argv` as the
+    user in `home` with `env`. `fuse_mode`: the mode of a /dev/fuse of the
+    namespace's own (None: the machine's, as it is)."""
     q = _quote
     lines = ["set -eu", f"mount -t tmpfs -o mode=0755 vfsd-nonroot {q(scratch)}"]
-    if not fuse_open:
-        lines += [f"mknod -m 0666 {q(scratch / 'fuse')} c 10 229",
+    if fuse_mode is not None:
+        lines += [f"mknod -m {fuse_mode:04o} {q(scratch / 'fuse')} c 10 229",
                   f"mount --bind {q(scratch / 'fuse')} /dev/fuse"]
     for n, (directory, names) in enumerate(blocked.items()):
         keep = scratch / f"keep{n}"
@@ -80,11 +84,11 @@ def namespace_script(scratch: Path, fuse_open: bool, blocked: dict[Path, set[str
             lines += [f"mkdir {q(directory / name)}",
                       f"mount --move {q(keep / name)} {q(directory / name)}"]
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-           "VFSD_RUNS": str(runs), "VFSD_SHARDS": "2", "PYTHONDONTWRITEBYTECODE": "1"}
+           "PYTHONDONTWRITEBYTECODE": "1", **env}
     lines.append(
         f"cd {q(home)} && exec setpriv --reuid={user.pw_uid} --regid={user.pw_gid} "
         "--init-groups env -i " + " ".join(f"{k}={q(v)}" for k, v in env.items())
-        + f" {q(sys.executable)} {q(SCRIPT)} {THREADS}")
+        + " " + " ".join(q(a) for a in argv))
     return "\n".join(lines)
 
 
@@ -126,7 +130,28 @@ def described(pids: list[int]) -> list[str]:
     return found
 
 
-def test_the_runs_example_as_a_normal_user():
+@dataclass
+class NormalUser:
+    """A user made for one test, with a home of its own (0700)."""
+
+    user: pwd.struct_passwd
+    home: Path
+    scratch: Path
+
+    def run(self, argv: list[str], fuse_mode: int | None,
+            **env: str) -> subprocess.CompletedProcess:
+        """`argv` as this user in a private mount namespace (see namespace_script)."""
+        needed = [Path(os.path.realpath(sys.base_prefix)), CHECKOUT.resolve(),
+                  Path(os.path.realpath(sys.executable)).parent]
+        script = namespace_script(self.scratch, fuse_mode, blocked_dirs(needed), self.user,
+                                  self.home, argv, env)
+        return subprocess.run(["unshare", "--mount", "--propagation", "private",
+                               "bash", "-c", script],
+                              capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def normal_user():
     why = needs()
     if why:
         pytest.skip(why)
@@ -140,43 +165,7 @@ def test_the_runs_example_as_a_normal_user():
     try:
         os.chown(home, user.pw_uid, user.pw_gid)
         os.chmod(home, 0o700)
-        fuse_open = stat.S_IMODE(os.stat("/dev/fuse").st_mode) & 0o006 == 0o006
-        needed = [Path(os.path.realpath(sys.base_prefix)), CHECKOUT.resolve(),
-                  Path(os.path.realpath(sys.executable)).parent]
-        script = namespace_script(scratch, fuse_open, blocked_dirs(needed), user, home,
-                                  home / "runs")
-        proc = subprocess.run(["unshare", "--mount", "--propagation", "private",
-                               "bash", "-c", script],
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert report["uid"] == report["euid"] == user.pw_uid != 0
-        for n, thread in enumerate(report["threads"]):
-            assert thread["answer"] == f"task {n}: done"
-            assert thread["listing"].startswith(f"job.py\nout.txt\njob of task {n}\n")
-            assert thread["files"] == ["work/job.py", "work/out.txt"]
-            assert thread["owner"] == user.pw_uid  # written by its own `execute`
-            assert thread["history"] > 4
-        sandbox = report["sandbox"]
-        assert sandbox["isolation"] == "bwrap", sandbox
-        limits = sandbox["limits"]
-        # What `execute` enforces without a cgroup of its own (none is
-        # delegated to this user): rlimits per process.
-        for key in ("memory_bytes", "processes", "cpu_seconds"):
-            assert limits[key]["enforced_by"], (key, limits[key])
-        if "cgroup" not in limits["processes"]["enforced_by"]:
-            assert limits["processes"]["enforced_by"].startswith("RLIMIT_NPROC")
-        if "cgroup" not in limits["memory_bytes"]["enforced_by"]:
-            assert limits["memory_bytes"]["enforced_by"].startswith("RLIMIT_AS")
-        assert report["mounted"] == 2  # its two shards, while the Runs was open
-        assert report["left_mounted"] == [] and report["left_running"] == []
-        # The warm spawner (mount_tool/daemon/spawn.py) exits once it reads the
-        # end of its socket, which the script's exit closed: it may still be on
-        # its way out.
-        try:
-            wait_for(lambda: not processes_of(user.pw_uid), "the user's processes to end", 60)
-        except AssertionError:
-            assert described(processes_of(user.pw_uid)) == []
+        yield NormalUser(user, home, scratch)
     finally:
         for pid in processes_of(user.pw_uid):  # only on failure: by pid, this user's only
             try:
@@ -186,3 +175,53 @@ def test_the_runs_example_as_a_normal_user():
         subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_the_runs_example_as_a_normal_user(normal_user):
+    user, home = normal_user.user, normal_user.home
+    fuse_open = stat.S_IMODE(os.stat("/dev/fuse").st_mode) & 0o006 == 0o006
+    proc = normal_user.run([sys.executable, str(SCRIPT), str(THREADS)],
+                           None if fuse_open else 0o666,
+                           VFSD_RUNS=str(home / "runs"), VFSD_SHARDS="2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["uid"] == report["euid"] == user.pw_uid != 0
+    for n, thread in enumerate(report["threads"]):
+        assert thread["answer"] == f"task {n}: done"
+        assert thread["listing"].startswith(f"job.py\nout.txt\njob of task {n}\n")
+        assert thread["files"] == ["work/job.py", "work/out.txt"]
+        assert thread["owner"] == user.pw_uid  # written by its own `execute`
+        assert thread["history"] > 4
+    sandbox = report["sandbox"]
+    assert sandbox["isolation"] == "bwrap", sandbox
+    limits = sandbox["limits"]
+    # What `execute` enforces without a cgroup of its own (none is
+    # delegated to this user): rlimits per process.
+    for key in ("memory_bytes", "processes", "cpu_seconds"):
+        assert limits[key]["enforced_by"], (key, limits[key])
+    if "cgroup" not in limits["processes"]["enforced_by"]:
+        assert limits["processes"]["enforced_by"].startswith("RLIMIT_NPROC")
+    if "cgroup" not in limits["memory_bytes"]["enforced_by"]:
+        assert limits["memory_bytes"]["enforced_by"].startswith("RLIMIT_AS")
+    assert report["mounted"] == 2  # its two shards, while the Runs was open
+    assert report["left_mounted"] == [] and report["left_running"] == []
+    # The warm spawner (mount_tool/daemon/spawn.py) exits once it reads the
+    # end of its socket, which the script's exit closed: it may still be on
+    # its way out.
+    try:
+        wait_for(lambda: not processes_of(user.pw_uid), "the user's processes to end", 60)
+    except AssertionError:
+        assert described(processes_of(user.pw_uid)) == []
+
+
+def test_a_closed_dev_fuse_is_refused_with_the_fix(normal_user):
+    """/dev/fuse that only root may open (a container's 0600): the user's
+    `vfsd mount` says what to change, and mounts nothing."""
+    run = normal_user.home / "run"
+    proc = normal_user.run([sys.executable, "-m", "vfsd.cli", "mount", str(run)], 0o600)
+    assert proc.returncode != 0
+    message = proc.stderr
+    assert "/dev/fuse is not readable and writable by this user" in message, message
+    assert "0600" in message and "chmod 0666 /dev/fuse" in message, message
+    assert "group" in message, message
+    assert not os.path.ismount(run / "fs")
