@@ -19,7 +19,7 @@ demo: setup-demo
 
 # The server: examples/langgraph-server under `langgraph dev` on 127.0.0.1:$(PORT),
 # $(JOBS) runs at once; Ctrl-C (or SIGTERM to its process group) stops it and
-# unmounts every shard. Settings: the table in examples/langgraph-server (VFSD_RUNS,
+# unmounts every shard. Settings: the table in docs/server.md (VFSD_RUNS,
 # VFSD_CONFIG, VFSD_POSTGRES, VFSD_MODEL, VFSD_SHARDS, ...).
 PORT ?= 2024
 JOBS ?= 16
