@@ -172,7 +172,13 @@ def normal_user():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        subprocess.run(["userdel", name], capture_output=True)
+        # userdel refuses a user with processes, zombies included (it would
+        # stay on the machine): --force, once the killed ones have ended.
+        try:
+            wait_for(lambda: not processes_of(user.pw_uid), "the killed processes to end", 30)
+        finally:
+            gone = subprocess.run(["userdel", "--force", name], capture_output=True, text=True)
+            assert gone.returncode == 0, f"userdel {name}: {gone.stderr}"
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
