@@ -41,7 +41,7 @@ from .errors import (
 )
 from .mount import Mount, mount
 from .refs import FileRef, as_ref, content_hash, is_ref
-from .runs import Runs, ThreadIdError, runs
+from .runs import Runs, RunsConfigError, ThreadIdError, runs
 
 __all__ = [
     "ControlClient",
@@ -56,6 +56,7 @@ __all__ = [
     "MountToolError",
     "RefError",
     "Runs",
+    "RunsConfigError",
     "SnapshotNotPublished",
     "SnapshotUnavailable",
     "StaleRef",

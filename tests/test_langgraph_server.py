@@ -2,9 +2,10 @@
 
 One server for the module: `langgraph dev --no-browser --no-reload` on a free
 127.0.0.1 port, without `--allow-blocking` (the server then fails any call
-that blocks its event loop), with the example's `langgraph.json`: its graph
-(a Deep Agents agent on a Runs) and its custom checkpointer (VfsdCheckpointer
-over InMemorySaver). Threads are created, run at once, replayed from an old
+that blocks its event loop), with the example's `langgraph.json` as it is in
+the checkout, from a working directory elsewhere (its graph and checkpointer
+are named by module): its graph (a Deep Agents agent on a Runs) and its
+custom checkpointer (VfsdCheckpointer over the SQLite saver in the Runs root). Threads are created, run at once, replayed from an old
 checkpoint, copied and deleted through the server's API; their files are
 looked at where the server's shard daemons serve them (`ROOT/threads/t<hex>/fs`
 leads there). A server of its own runs 60 threads at once (200 with
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -51,11 +51,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def langgraph_dev(work: Path, *extra: str, **env_extra: str):
-    """A `langgraph dev` serving a copy of the example from `work`: yields
-    (url, runs root, log path, process); stopped with SIGTERM on the way out
-    (killed, and its shards lazily unmounted, if it does not go)."""
-    app = work / "app"
-    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", ".langgraph_api"))
+    """A `langgraph dev` serving the example, run from `work` (where the server
+    keeps its `.langgraph_api/`): yields (url, runs root, log path, process);
+    stopped with SIGTERM on the way out (killed, and its shards lazily
+    unmounted, if it does not go)."""
     root = work / "runs"
     port = free_port()
     log = work / "server.log"
@@ -65,8 +64,8 @@ def langgraph_dev(work: Path, *extra: str, **env_extra: str):
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [str(langgraph), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
-             "--port", str(port), "--config", str(app / "langgraph.json"), *extra],
-            cwd=app, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+             "--port", str(port), "--config", str(EXAMPLE / "langgraph.json"), *extra],
+            cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log)

@@ -97,7 +97,12 @@ class DaemonBase:
             raise StartupError("/dev/fuse is missing: load the fuse module, or run the "
                                "container with --device /dev/fuse")
         if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-            raise StartupError("/dev/fuse is not readable and writable by this user")
+            raise StartupError(f"/dev/fuse is not readable and writable by this user "
+                               f"({_device_access('/dev/fuse')}): vfsd needs no other "
+                               "privilege. As root, open it to every user, as Debian does "
+                               "(chmod 0666 /dev/fuse; a udev rule keeps it after a reboot), "
+                               "or to a group (chgrp GROUP /dev/fuse; chmod 0660 /dev/fuse) "
+                               "and add this user to that group")
 
     def _prepare_mountpoint(self) -> None:
         mp = self.run.mountpoint
@@ -607,3 +612,21 @@ def serve_process(run: RunDir, config: Config, build, *, ready_fd: int | None = 
         daemon.shutdown()
         log.info("stopped", code=code)
     return code
+
+
+def _device_access(path: str) -> str:
+    """`mode 0600, owner root, group root` of a device node, for an error message."""
+    import grp
+    import pwd
+    import stat
+
+    st = os.stat(path)
+
+    def name(lookup, number: int) -> str:
+        try:
+            return lookup(number)[0]
+        except KeyError:
+            return str(number)
+
+    return (f"mode {stat.S_IMODE(st.st_mode):04o}, owner {name(pwd.getpwuid, st.st_uid)}, "
+            f"group {name(grp.getgrgid, st.st_gid)}")

@@ -51,7 +51,8 @@ served as is, from one more shard over its store (see `legacy`).
 
 The package: this module (`Runs`, `runs()`, thread ids: `thread_key`,
 `thread_dir_name`, `thread_of`; `lease` and the use hooks by which the
-integrations reach the running thread's Mount), `shards` (the shard daemons
+integrations reach the running thread's Mount), `config` (a Runs' TOML
+configuration file, checked by `vfsd config check`), `shards` (the shard daemons
 and their connections), `threadmount` (`ThreadMount`: one thread as a
 Mount), `records` (the thread directories and their `thread.json`) and
 `legacy` (a root of the earlier layout). It imports the one-thread Mount,
@@ -79,7 +80,9 @@ from typing import Any
 
 from ..errors import ControlError, MountError, MountToolError
 from ..mount import Mount
+from . import config as runs_config
 from . import legacy
+from .config import RunsConfigError as RunsConfigError
 from .records import (
     SHARDS_DIR,
     THREAD_RECORD,
@@ -182,8 +185,12 @@ class Runs:
 
     `mount_options` are the shards' daemon options, as for `mount_tool.mount`
     (done_retention_steps=3, quota_bytes="1G", ...); they apply to every
-    thread (a quota is per thread). `shards` is how many shard daemons new
-    threads spread over (default: the number of CPUs). `max_mounted` and
+    thread (a quota is per thread). `config` (default: $VFSD_CONFIG) is a
+    TOML file of the same options, as `vfsd mount --config` reads it, and
+    its `[runs]` table may set `shards`: vfsd checks it here, before any
+    thread runs (RunsConfigError naming the key), and keyword options win
+    over it (see `config`). `shards` is how many shard daemons new
+    threads spread over (default: the file's, else the number of CPUs). `max_mounted` and
     `idle_timeout` are accepted and ignored (see the module docstring).
     Closing the Runs unmounts every shard; the files stay in ROOT for the
     next one.
@@ -200,9 +207,15 @@ class Runs:
         shards: int | None = None,
         max_mounted: int | None = None,
         idle_timeout: float | None = None,
+        config: str | os.PathLike[str] | None = None,
         **mount_options: Any,
     ) -> None:
         del max_mounted, idle_timeout  # no thread holds a mount of its own any more
+        self.config_path = runs_config.config_path(config)
+        from_file = runs_config.load(self.config_path, mount_options) \
+            if self.config_path is not None else None
+        if shards is None and from_file is not None:
+            shards = from_file.runs.get("shards")
         if shards is None:
             shards = os.cpu_count() or 1
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 4096:
@@ -214,7 +227,13 @@ class Runs:
         self.threads_dir = self.root / THREADS_DIR
         self.shards_dir = self.root / SHARDS_DIR
         self.shard_count = shards
-        options = dict(mount_options)
+        if from_file is not None:
+            for key, why in _NOT_OPTIONS.items():
+                if from_file.options.get(key) not in (None, False):
+                    raise runs_config.RunsConfigError(
+                        f"{key} in {self.config_path} is not an option of a Runs: {why}")
+        # The file's options, then the keyword ones on top.
+        options = {**(from_file.options if from_file is not None else {}), **mount_options}
         # Snapshots live as long as the checkpoints that name them (the
         # VfsdCheckpointer releases them), within a byte budget per thread.
         options.setdefault("snapshot_keep_last", 0)

@@ -37,6 +37,7 @@ for every command):
 from __future__ import annotations
 
 from . import (  # noqa: F401  (registers the verbs)
+    configcheck,
     eviction,
     fsck,
     gc,
