@@ -100,7 +100,7 @@ def vfsd_processes(work: Path) -> list[int]:
         try:
             if Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1] != me:
                 continue
-            if b"vfsd.cli.spawner" in Path(f"/proc/{name}/cmdline").read_bytes():
+            if Path(f"/proc/{name}/cmdline").read_bytes().startswith(b"vfsd spawner "):
                 pids.add(int(name))
         except (OSError, IndexError):
             continue

@@ -84,8 +84,8 @@ def open_files_under(root: Path) -> list[str]:
 
 def daemons_under(root: Path) -> list[int]:
     """The processes (other than this one) holding a store under `root` open:
-    the vfsd daemons serving it (a daemon forked by mount_tool's helper shows
-    the helper's command line, so they are found by their LMDB files)."""
+    the vfsd daemons serving it, found by their LMDB files (not by their
+    titles, which name what they serve: tests/test_proctitle.py)."""
     prefix = os.path.realpath(root) + "/"
     found = []
     for name in os.listdir("/proc"):

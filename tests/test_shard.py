@@ -378,3 +378,52 @@ def test_an_unevict_of_many_files_is_checked_whole_then_made_in_steps(shard):
     assert len(res["restored"]) == n and res["lost"] == []
     assert sorted(p.name for p in (fs / "t1" / "d").iterdir()) == sorted(f"f{i}" for i in range(n))
     assert (fs / "t1" / "d" / "f123").read_text() == "v123"
+
+
+def test_a_volume_s_timeline_record_follows_its_own_writes_only(tmp_path):
+    """Each served volume writes its timeline record while its own files
+    change; the other volumes' writes (and their records) do not count, or an
+    idle shard never stops writing (every record made the others due)."""
+    from vfsd.fuse.journal import StepJournal
+    from vfsd.store.store import Store
+
+    base = Store.base(tmp_path / "store", chunk_size=1 << 20)
+    try:
+        with base.txn(write=True) as txn:
+            base.create_volume(txn, "a")
+            base.create_volume(txn, "b")
+        a, b = base.view("a"), base.view("b")
+        ja, jb = StepJournal(a), StepJournal(b)
+        ja.flush()
+        jb.flush()
+        last = base.env.info()["last_txnid"]
+        for _ in range(3):  # what a shard's journal task does, volume after volume
+            ja.flush_if_changed()
+            jb.flush_if_changed()
+        assert base.env.info()["last_txnid"] == last
+        _put_file(b, "f", b"x")
+        last = base.env.info()["last_txnid"]
+        ja.flush_if_changed()
+        assert base.env.info()["last_txnid"] == last  # b's writes are not a's
+        jb.flush_if_changed()
+        assert base.env.info()["last_txnid"] == last + 1  # b's record
+    finally:
+        base.close()
+
+
+@pytest.mark.skipif(os.environ.get("VFSD_LONG") != "1", reason="VFSD_LONG=1: 30 s idle")
+def test_an_idle_shard_writes_nothing(shard):
+    """The same on a mounted shard of three served volumes."""
+    from vfsd.fuse.journal import FLUSH_INTERVAL
+
+    for name in ("t1", "t2", "t3"):
+        call(shard, "volume_create", volume=name)
+        (shard / "fs" / name / "f").write_text(name)
+
+    def txns() -> int:
+        return call(shard, "stats", volume="t1")["counters"]["lmdb_write_txns"]
+
+    time.sleep(FLUSH_INTERVAL + 1)  # the records of the writes above
+    before = txns()
+    time.sleep(2 * FLUSH_INTERVAL + 1)
+    assert txns() == before

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -81,6 +82,11 @@ class DaemonBase:
     def served(self) -> list[Volume]:
         """The volumes this process serves now."""
         raise NotImplementedError
+
+    def titles(self) -> tuple[str, str]:
+        """(process title, short name) for `ps` and `top` (`set_process_title`)."""
+        return (f"vfsd daemon of {shown_path(self.run.path)}",
+                f"vfsd {shown_path(Path(self.run.path.name))}")
 
     def in_use(self, vol: int, ino: int) -> bool:
         """Whether an inode of one of the served volumes is open (its hot file stays)."""
@@ -495,6 +501,38 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
                          ready_fd=ready_fd, log_to_stderr=log_to_stderr)
 
 
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def shown_path(path: Path) -> str:
+    """A path as a process title shows it: bytes that are not UTF-8 and
+    control characters as \\xNN escapes."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
+def set_process_title(title: str, short: str) -> None:
+    """Name this process for `ps` (its command line becomes `title`) and
+    `top` (its name, 15 bytes at most, becomes `short`): a machine's daemons
+    then say what each serves instead of all being `python -m ...`.
+
+    The title takes the room of the process's own arguments only (cut if
+    longer): the environment next to them stays as it was, so
+    /proc/PID/environ still shows what the process runs with."""
+    try:
+        import setproctitle
+    except ImportError:  # a cosmetic: never a reason not to serve
+        return
+    ours = "SPT_NOENV" not in os.environ
+    os.environ.setdefault("SPT_NOENV", "1")  # read at setproctitle's first call
+    try:
+        setproctitle.setproctitle(title)
+    finally:
+        if ours:
+            os.environ.pop("SPT_NOENV", None)
+    setproctitle.setthreadtitle(short.encode()[:15].decode("utf-8", "ignore"))
+
+
 def serve_process(run: RunDir, config: Config, build, *, ready_fd: int | None = None,
                   log_to_stderr: bool = False) -> int:
     """Run the daemon `build()` makes until unmounted. Reports readiness (or
@@ -531,6 +569,7 @@ def serve_process(run: RunDir, config: Config, build, *, ready_fd: int | None = 
     stream = sys.stderr if log_to_stderr else open(run.log, "a", buffering=1)
     setup_logging(config.log_level, stream)
     daemon = build()
+    set_process_title(*daemon.titles())
     daemon.on_wait = on_wait
     daemon.on_progress = on_progress
     try:

@@ -24,6 +24,9 @@ from . import MOUNT_DIRNAME, STATE_DIRNAME
 from .errors import StoreLocked
 
 _MOUNTINFO_ESCAPE = re.compile(rb"\\([0-7]{3})")
+#: the lock a shard daemon holds on its whole store (`lock_volume`'s name for it):
+#: no other daemon, and no fsck, may open the store meanwhile
+SHARD_LOCK = "\0shard"
 
 
 @dataclass

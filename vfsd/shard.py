@@ -29,6 +29,7 @@ import structlog
 import trio
 
 from vfsd.control.requests import RequestError, arg
+from vfsd.fuse.diskspace import DiskSpace
 from vfsd.fuse.provenance import ControlPeers
 from vfsd.fuse.shardops import LOCAL_BITS, SLOT_LIMIT, Numbers, ShardOperations, VolumeKernel
 from vfsd.fuse.writers import holders
@@ -37,22 +38,22 @@ from vfsd.steps import drive
 from vfsd.store.store import Store
 
 from .config import Config
-from .daemon import DaemonBase
+from .daemon import DaemonBase, shown_path
 from .errors import Exists, NoSuchVolume, StartupError, StoreLocked, StoreVersionError
-from .rundir import RunDir, lock_volume
+from .rundir import SHARD_LOCK, RunDir, lock_volume
 from .volume import Place, Volume
 
 log = structlog.get_logger("vfsd.shard")
 
 VOLUME_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-#: the lock a shard daemon holds on its whole store (no other daemon may open it)
-SHARD_LOCK = "\0shard"
 #: seconds a worker thread may keep the GIL from the loop (Python's default: 5 ms)
 GIL_SWITCH_S = 0.001
 #: requests a shard serves at once, at least (see `_fuse_main`)
 SHARD_MAX_TASKS = 128
 #: thread ids longer than this (UTF-8 bytes) are refused (as mount_tool refuses them)
 MAX_THREAD_ID_BYTES = 64 * 1024
+#: seconds `volumes` may hold the loop before it lets other requests in
+VOLUMES_SLICE_S = 0.005
 
 
 def valid_name(name: str | bytes) -> str | None:
@@ -162,6 +163,14 @@ class ShardDaemon(DaemonBase):
 
     def served(self) -> list[Volume]:
         return list(self.loaded.values())
+
+    def titles(self) -> tuple[str, str]:
+        """`vfsd shard 0 of /srv/runs` for shard 0 of a Runs root (ROOT/shards/0)."""
+        path = self.run.path
+        if path.parent.name == "shards":
+            name = shown_path(Path(path.name))
+            return f"vfsd shard {name} of {shown_path(path.parent.parent)}", f"vfsd shard {name}"
+        return f"vfsd shard of {shown_path(path)}", f"vfsd shard {shown_path(Path(path.name))}"
 
     def in_use(self, vol: int, ino: int) -> bool:
         v = self._by_vol.get(vol)
@@ -335,21 +344,33 @@ class ShardDaemon(DaemonBase):
                 "volumes": len(names), "served": len(self.loaded),
                 "uptime_s": round(time.monotonic() - self.started, 1)}
 
-    def op_volumes(self, req: dict) -> dict:
-        """Every volume with its thread id, step, files and bytes (from the store)."""
+    async def op_volumes(self, req: dict) -> dict:
+        """Every volume with its thread id, step, files, bytes, snapshots and
+        whether it is served (from the store), and the store's totals. Gives
+        the loop back between volumes: a shard may hold thousands. With
+        `volume`: that volume alone (none if the shard holds no such volume)."""
+        from .status import store_summary, volume_summary
+
+        names = self.volume_names()
+        if "volume" in req:
+            wanted = self._name_arg(req).encode()
+            names = [n for n in names if n == wanted]
         out = []
-        for raw in self.volume_names():
+        since = time.monotonic()
+        for raw in names:
             name = raw.decode()
             try:
                 view = self.loaded[name].store if name in self.loaded else self.store.view(name)
             except NoSuchVolume:
-                continue
-            c = view.counters()
-            out.append({"volume": name, "thread": self._recorded_thread(view),
-                        "step": view.get_step(), "files": c["files"],
-                        "bytes": c["logical_bytes"], "served": name in self.loaded,
-                        "incomplete": bool(view.meta_u64(b"incomplete"))})
-        return {"volumes": out}
+                continue  # dropped meanwhile
+            out.append({**volume_summary(view), "served": name in self.loaded})
+            if time.monotonic() - since > VOLUMES_SLICE_S:
+                await trio.sleep(0)
+                since = time.monotonic()
+        # Each served volume remembers the refusals it met; the disk alone otherwise.
+        disks = [v.ops.disk for v in self.loaded.values()] or [DiskSpace(self.store_dir)]
+        disk_full = any(d.full() for d in disks)
+        return {"volumes": out, "store": {**store_summary(self.store), "disk_full": disk_full}}
 
     def op_volume_create(self, req: dict) -> dict:
         """Make a volume (a new thread's), or find it: the thread it records

@@ -190,7 +190,7 @@ class Volume:
         the last step's uses (the daemon then syncs and closes the store)."""
         self.ops.forget_all()
         if self.remote is None or self.remote.writable():
-            self.ops.journal.flush()
+            self.ops.journal.flush_if_changed()
             try:
                 self.evictor.flush_uses()  # the opens of the last step
             except StoreError as exc:

@@ -45,7 +45,9 @@ class _Helper:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vfsd.cli.spawner", str(theirs.fileno())],
+                # The spaces are room for the process titles of the daemons it
+                # forks (vfsd.cli.spawner.TITLE_ROOM): they share its arguments' room.
+                [sys.executable, "-m", "vfsd.cli.spawner", str(theirs.fileno()), " " * 2048],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True)  # the terminal's ^C is not for it

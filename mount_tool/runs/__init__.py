@@ -17,8 +17,14 @@ records. The layout:
                                      store, socket and log
     ROOT/shards/<k>/fs/t<hex>/       a thread's files (a volume of shard k)
     ROOT/threads/t<hex>/thread.json  {"version": 2, "thread_id": ..., "shard": "k"}
-    ROOT/threads/t<hex>/.vfsd/       the thread's records (VfsdCheckpointer's)
+    ROOT/threads/t<hex>/.vfsd/       the thread's records (VfsdCheckpointer's:
+                                     langgraph.position is rewritten at every checkpoint)
     ROOT/threads/t<hex>/fs           a link to ROOT/shards/<k>/fs/t<hex>
+
+This layout is read by vfsd too (`vfsd threads ROOT`, `vfsd status ROOT`;
+vfsd/cli/runsroot.py, which cannot import mount_tool): the records, the
+shard run dirs, the volume names, ROOT/store of the earlier layout, and the
+time of langgraph.position as a thread's last checkpoint. Change it there too.
 
 A thread id is any string (a UUID, but also `../x`, 2,000 characters, control
 characters, the empty string): its names are `t` + 32 hex digits of its

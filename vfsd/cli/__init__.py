@@ -50,6 +50,7 @@ from . import (  # noqa: F401  (registers the verbs)
     stats,
     status,
     sync,
+    threads,
     timeline,
     unevict,
     warmup,

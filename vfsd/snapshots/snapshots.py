@@ -704,6 +704,22 @@ class Snapshots:
                     out.append(json.loads(bytes(v)))
         return out
 
+    def count_and_newest(self) -> tuple[int, dict | None]:
+        """How many snapshots are retained, and the newest one's record (None:
+        none): the keys alone are counted, one record is decoded."""
+        count, newest, vb = 0, None, self._vb
+        with self.store.txn() as txn:
+            cur = txn.cursor(db=self.db["snap"])
+            if cur.set_range(vb):
+                for k in cur.iternext(keys=True, values=False):
+                    if k[:4] != vb:
+                        break
+                    count += 1
+                    newest = bytes(k)
+            if newest is not None:
+                newest = json.loads(bytes(txn.get(newest, db=self.db["snap"])))
+        return count, newest
+
     def get(self, ident: str) -> dict:
         seq = parse_id(ident)
         with self.store.txn() as txn:

@@ -175,6 +175,7 @@ class _Txn:
             raise translate(err) from err
         if not self.write:
             return False
+        st.commits += 1
         st.durability.committed()
         if st._pending_marks:
             if st.dirty_since is None:
@@ -240,6 +241,9 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         self.base_clean = False
         self._base_touched = False
         self.dirty_since: float | None = None  # first change since the last snapshot
+        #: write transactions this handle committed (a volume's own, in a shared
+        #: environment: see `view`)
+        self.commits = 0
         self.on_chunk_files = None  # remote tier: (made [(digest, size)], deleted [digest])
         # Writers keep compaction away while they have the store open (and
         # make no directory where there is no store to open).
@@ -609,6 +613,7 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         other = copy.copy(self)
         other._marked, other._pending_marks, other._deltas = set(), set(), None
         other._base_touched, other.dirty_since, other._hot_gone = False, None, []
+        other.commits = 0
         other.volume = name
         other.vol, other.root_ino = self._open_volume(name, create=False)
         other._vp = b"v" + _U32.pack(other.vol) + b":"
