@@ -16,6 +16,7 @@ tool calls says (tests/history_check.py), wherever the runs before it ran:
 - the same thread started on both at once: one waits for the other, the
   history stays one line;
 - 8 threads spread over both at once, alternating;
+- update_state (a fork of a past checkpoint) on one, its run on the other;
 - delete on one, then the same thread id on the other starts empty;
 - copy on one, the copy's runs on the other see its files and history, the
   source untouched;
@@ -23,7 +24,9 @@ tool calls says (tests/history_check.py), wherever the runs before it ran:
   a run of the thread elsewhere fails clearly (ThreadBusy, naming the
   holder) while its lease is alive, and takes the thread once it lapsed
   (a 5 s TTL here), with everything the stored checkpoints name; the lost
-  replica, started again, catches up.
+  replica, started again, catches up;
+- a sync StateGraph (`invoke`) on two Runs roots of one process: refused
+  without the run hooks, handed over with them.
 
 VFSD_LONG=1 runs more rounds and runs from every checkpoint.
 """
@@ -41,13 +44,20 @@ import pytest
 
 pytest.importorskip("deepagents")
 
+from ckpt_graph import AFTER_V2, at_step, build  # noqa: E402
+from ckpt_graph import MOUNT_OPTIONS as GRAPH_OPTIONS  # noqa: E402
 from history_agent import VERIFY, effects_of, plan_message  # noqa: E402
 from history_check import expected_files, listing_of, parse_listing  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.checkpoint.postgres import PostgresSaver  # noqa: E402
 from pgserver import pg_server  # noqa: E402, F401 - the fixture
 from remote_run import use_server  # noqa: E402
 from replica_agent import Replica, ReplicaError  # noqa: E402
 from s3server import s3_server  # noqa: E402, F401 - the fixture
+
+import mount_tool  # noqa: E402
+from mount_tool import MountToolError  # noqa: E402
+from mount_tool.langgraph import VfsdCheckpointer, run_hooks  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(400)]
 
@@ -287,6 +297,33 @@ def test_copy_on_one_replica_runs_on_the_other(replicas):
     assert copy_runs and not copy_runs & runs, (copy_runs, runs)
 
 
+def test_update_state_from_the_other_replica(replicas):
+    """A fork made with update_state on B, of a checkpoint a run on A made,
+    runs on A from B's fork with the files of its branch; the thread goes on
+    on B. (No prune here: the saver's keep_latest refuses a thread with a
+    DeltaChannel, which a Deep Agents graph has, and it has no
+    delete_for_runs.)"""
+    a, b = replicas
+    t = Thread(new_thread("update"))
+    t.turn(a, "u0", plan("u0", 0))
+    t.turn(a, "u1", plan("u1", 1))
+    past = made_by(b.call("history", thread=t.id), {"u0"})[0]
+    ops = [("sh", [("append", "work/log.txt", "fork;")]), ("write", "work/fork.txt", "f")]
+    t.effects.update(effects_of("uf", ops))
+    fork = b.call("update", thread=t.id, text=plan_message("uf", ops), as_node="tools",
+                  checkpoint_id=past["checkpoint_id"])
+    out = a.run(t.id, None, checkpoint_id=fork)
+    assert out["messages"][-1]["content"] == "uf: done", out["messages"][-1]
+    assert_tools_succeeded(out, "uf")
+    assert not any(m["tool_call_id"] and m["tool_call_id"].startswith("u1")
+                   for m in out["messages"])  # the fork's branch has no u1
+    t.verify(b)
+    t.turn(b, "u2", plan("u2", 2))
+    t.verify(a)
+    for r in (a, b):
+        assert r.call("runs_held") == []
+
+
 def test_a_replica_lost_mid_run(replicas):
     """SIGKILL of replica A (its process and its shard daemons) in the middle of
     a run: B's run of the thread fails clearly while A's lease is alive, then
@@ -337,3 +374,40 @@ def test_a_replica_lost_mid_run(replicas):
     t.verify(a)
     t.turn(a, "k4", plan("k4", 4))
     t.verify(b)
+
+
+def test_a_sync_graph_needs_the_run_hooks_and_hands_over_with_them(s3_server, tmp_path,  # noqa: F811
+                                                                   monkeypatch):
+    """A StateGraph run with `invoke` (a sync run: its end is reported inline)
+    on two Runs roots of one process sharing a bucket. Without the run hooks
+    a run refuses at its start, saying how to add them, with nothing stored
+    or held; with them, a run on A gives the thread back at its end and a
+    replay on B from a checkpoint made on A sees that checkpoint's files."""
+    use_server(s3_server, monkeypatch)
+    url = s3_server.unique_url("sync")
+    options = {**GRAPH_OPTIONS, "shards": 1, "remote": url, "remote_lease_ttl": LEASE_TTL,
+               "remote_lease_wait": LEASE_WAIT}
+    saver = InMemorySaver()
+    with mount_tool.runs(tmp_path / "a", **options) as ra, \
+            mount_tool.runs(tmp_path / "b", **options) as rb:
+        config = {"configurable": {"thread_id": "sync-thread"}}
+        bare = build(ra).compile(checkpointer=VfsdCheckpointer(saver, ra))
+        with pytest.raises(MountToolError, match=r"run_hooks\(\).*Nothing was changed"):
+            bare.invoke({"i": 0}, config)
+        assert list(saver.list(config)) == []
+        on_a = bare.with_config(callbacks=run_hooks())
+        on_b = build(rb).compile(checkpointer=VfsdCheckpointer(saver, rb)).with_config(
+            callbacks=run_hooks())
+        def held() -> list:
+            return [run for runs in (ra, rb) for shard in runs.shards()
+                    for run in runs.shard(shard["name"]).call("remote_runs")["runs"]]
+
+        assert held() == []
+        assert on_a.invoke({"i": 0}, config)["i"] == 4
+        assert held() == []
+        past = at_step(on_b, config, AFTER_V2)
+        replay = on_b.invoke(None, past.config)
+        # v2, c.txt (evicted on A later) back, b.txt (written on A later) not there
+        assert replay["seen"][len(past.values["seen"])] == "2:a=v2;ls=a.txt,c.txt"
+        assert replay["seen"][-1] == "3:a=v3;ls=a.txt"
+        assert held() == []
