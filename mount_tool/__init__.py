@@ -38,6 +38,7 @@ from .errors import (
     SnapshotUnavailable,
     StaleRef,
     ThreadBindingError,
+    ThreadBusy,
 )
 from .mount import Mount, mount
 from .refs import FileRef, as_ref, content_hash, is_ref
@@ -61,6 +62,7 @@ __all__ = [
     "SnapshotUnavailable",
     "StaleRef",
     "ThreadBindingError",
+    "ThreadBusy",
     "ThreadIdError",
     "as_ref",
     "content_hash",

@@ -259,9 +259,9 @@ class ThreadRuns:
                            if isinstance(owner, dict) else "an unknown holder")
                     raise RequestError("lease_held", (
                         f"the thread's run {run} is held by {who}: it is released when "
-                        f"that run ends, or lapses {max(0.0, held.expires_in):.0f} s after "
-                        "its holder stops renewing it (a crash); try again then, or wait "
-                        "longer ('wait')")) from None
+                        "that run ends, or, if its holder has stopped renewing it (a "
+                        f"crash), lapses in about {max(0.0, held.expires_in):.0f} s; try "
+                        "again then, or wait longer ('wait')")) from None
                 await trio.sleep(min(left, LEASE_POLL, max(0.05, held.expires_in + 0.05)))
             except RemoteError as exc:
                 raise _remote_error(exc) from None

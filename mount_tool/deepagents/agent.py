@@ -15,6 +15,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from ..langgraph.checkpointer import VfsdCheckpointer
+from ..langgraph.runhooks import run_hooks
 from ..mount import Mount
 from ..runs import Runs
 from .backend import VfsdBackend
@@ -75,6 +76,11 @@ def create_vfsd_deep_agent(
     `VfsdCheckpointer` on `files` (unless it is one already), so a replayed,
     forked or resumed thread finds its files as they were.
 
+    With a Runs that has a remote (replicas sharing a bucket), the graph
+    comes with the callbacks that tell the checkpointer when each run ends
+    (`mount_tool.langgraph.run_hooks()`), so the thread is free for its next
+    run, on any replica, as soon as a run is over.
+
     `backend`, instead of `backend_options`: a ready VfsdBackend on `files`, or
     a deepagents `CompositeBackend` whose default is one (`routes={"/memories/":
     StoreBackend(...)}`); the note then names the routed prefixes as paths the
@@ -124,13 +130,17 @@ def create_vfsd_deep_agent(
     specs = [_with_vfsd_middleware(spec, vfsd_middleware) for spec in subagents or ()]
     if not any(spec.get("name") == GENERAL_PURPOSE_SUBAGENT["name"] for spec in specs):
         specs.insert(0, {**GENERAL_PURPOSE_SUBAGENT, "middleware": vfsd_middleware()})
-    return create_deep_agent(
+    graph = create_deep_agent(
         model,
         backend=backend,
         middleware=[*vfsd_middleware(), *middleware],
         subagents=specs,
         **kwargs,
     )
+    if isinstance(files, Runs) and files.remote is not None:
+        # Replicas: a run holds its thread until its end, which these report.
+        graph = graph.with_config(callbacks=run_hooks())
+    return graph
 
 
 def _with_vfsd_middleware(spec: Any, make: Callable[[], list[AgentMiddleware]]) -> Any:

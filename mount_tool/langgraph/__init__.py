@@ -18,8 +18,10 @@ not on their size.
 `make_sync_node`, `write_artifact`), `checkpointer` (`VfsdCheckpointer`: the
 wrapper around any saver), `threadfiles` (what the wrapper decides and keeps
 for one thread's files), `boundary` (step boundaries: where a checkpoint's
-files are captured), `history` (`verify_history`: does time travel give the
-right files) and `checkpoints` (measuring what checkpoints cost).
+files are captured), `runhooks` (`run_hooks`: the callbacks by which the
+wrapper learns that a run ended, which a Runs with a remote needs),
+`history` (`verify_history`: does time travel give the right files) and
+`checkpoints` (measuring what checkpoints cost).
 
 This package imports the one-thread Mount, the Runs and what is below them,
 never the Deep Agents integration; `langgraph` (the library) is needed here
@@ -37,6 +39,7 @@ from .nodes import (
     make_sync_node,
     write_artifact,
 )
+from .runhooks import run_hooks
 
 __all__ = [
     "FilesAggregate",
@@ -48,6 +51,7 @@ __all__ = [
     "langgraph_step",
     "make_step_node",
     "make_sync_node",
+    "run_hooks",
     "verify_history",
     "write_artifact",
 ]

@@ -101,7 +101,8 @@ class RunState:
     boundary's; `hooked`: the graph has a channel that calls `at_boundary`
     (it built one at the run's start), so the wrapper's `get_next_version`
     stays quiet; `building`: the run has started and LangGraph builds its
-    channels (until its first step boundary or checkpoint).
+    channels (until its first step boundary or checkpoint); `token`: with
+    replicas, the name the run holds its thread under (its LangChain run id).
     """
 
     owner: Any  # the VfsdCheckpointer
@@ -111,6 +112,7 @@ class RunState:
     capture: Capture | None = None
     hooked: bool = False
     building: bool = True
+    token: str | None = None  # with replicas: the run's name while it holds its thread
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -89,6 +90,7 @@ from langgraph.checkpoint.base import (
 from ..errors import MountToolError
 from ..mount import Mount
 from ..runs import Runs, add_use_hook, lease, thread_key, thread_of
+from . import runhooks
 from .boundary import (
     CAPTURES,
     RUN_SCOPE,
@@ -129,6 +131,14 @@ NOT_CAPTURED = (
     "has no vfsd boundary channel (VfsdMiddleware in a Deep Agents graph, a `files: "
     "FilesChannel` key in a StateGraph), and the wrapper's get_next_version was not called "
     "either (LangGraph's server wraps the checkpointer in an adapter of its own)")
+
+# Why a run on a Runs with a remote cannot start without the run hooks.
+NO_RUN_HOOKS = (
+    "with a remote, VfsdCheckpointer holds a thread from a run's start to its end (the next "
+    "run may be on another replica), and learns of the end from LangChain callbacks this "
+    "graph run does not have: compile the graph with them, graph = builder.compile("
+    "checkpointer=saver).with_config(callbacks=mount_tool.langgraph.run_hooks()) "
+    "(create_vfsd_deep_agent adds them). Nothing was changed")
 
 __all__ = ["BadFilesMetadata", "FilesVersion", "VfsdCheckpointer", "snapshot_seq"]
 
@@ -402,8 +412,12 @@ class VfsdCheckpointer(BaseCheckpointSaver):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The saver's tuple; at the start of a root graph run, the thread's
-        files are first brought to that checkpoint's files."""
+        files are first brought to that checkpoint's files (with a remote, the
+        thread is held for the run first, then its checkpoint read)."""
         start = self._run_start(config)
+        if start is not None and self.replicated:
+            self._claim_run(start, "sync")
+            self._hold_run(start)
         tup = self.saver.get_tuple(config)
         if start is not None:
             self._begin_run(start, tup)
@@ -412,11 +426,78 @@ class VfsdCheckpointer(BaseCheckpointSaver):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         start = self._run_start(config)
+        if start is not None and self.replicated:
+            self._claim_run(start, "async")  # in this context, where the hook left it
+            await asyncio.to_thread(self._hold_run, start)
         tup = await self.saver.aget_tuple(config)
         if start is not None:
             await asyncio.to_thread(self._begin_run, start, tup)
             RUN_SCOPE.set(RunScope(start))
         return tup
+
+    # -- replicas: a run holds its thread from its start to its end ------------------------
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the files are a Runs with a remote (replicas sharing a bucket)."""
+        return self.runs is not None and self.runs.remote is not None
+
+    def _claim_run(self, start: RunState, mode: str) -> None:
+        """Name the starting run by its LangChain run id (`runhooks`) and have
+        its end give the thread back; MountToolError for a graph run without
+        the hooks (in the run's own context: the hook left the id there)."""
+        run_id = runhooks.claim_start()
+        if run_id is None:
+            raise MountToolError(NO_RUN_HOOKS)
+        start.token = str(run_id)
+        # Registered before the lease is asked for: whatever happens from here
+        # on, the run's end gives back what it may hold.
+        runhooks.register(run_id, mode, lambda error: self._end_run(start, error))
+
+    def _hold_run(self, start: RunState) -> None:
+        """Hold the thread for the run (worker thread): caught up with the
+        bucket, waiting for another run of it to end (ThreadBusy after the
+        Runs' `lease_wait`)."""
+        assert start.token is not None
+        with self._thread_files(start.thread) as tf:
+            tf.hold(start.token)
+
+    def _end_run(self, start: RunState, error: BaseException | None) -> None:
+        """The run is over (its hooks say so; worker thread or the sync run's):
+        the files it left after its last checkpoint kept in a snapshot, every
+        snapshot published, then the thread free for its next run anywhere."""
+        capture = start.capture
+        pending = capture.pending() if capture is not None else None
+        if pending is not None:  # a boundary's snapshot still being taken
+            with contextlib.suppress(Exception):
+                pending.result(timeout=self.sync_timeout)
+        assert start.token is not None
+        with self._thread_files(start.thread) as tf:
+            tf.end_run(start.token)
+
+    @contextlib.contextmanager
+    def _outside_run(self, tf: ThreadFiles, plan: PutPlan) -> Iterator[None]:
+        """With a remote, a checkpoint written outside a graph run (update_state)
+        holds its thread for its own work, as a run would."""
+        if not self.replicated or plan.from_run:
+            yield
+            return
+        token = f"update-{uuid.uuid4()}"
+        tf.hold(token)
+        try:
+            yield
+        except BaseException:
+            tf.let_go(token)
+            raise
+        tf.let_go(token, strict=True)
+
+    def _holding(self, thread: str, purpose: str) -> contextlib.AbstractContextManager:
+        """The thread held for work outside graph runs (a prune, a copy's
+        checkpoints) with a remote; nothing to hold without one."""
+        if not self.replicated:
+            return contextlib.nullcontext()
+        assert self.runs is not None
+        return self.runs.hold(thread, token=f"{purpose}-{uuid.uuid4()}")
 
     def _run_start(self, config: RunnableConfig) -> RunState | None:
         """The run starting here, or None (not a run start).
@@ -565,7 +646,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
                                   new_versions)
         if plan.needs_parent:
             plan.parent = self._version_of(config)
-        with self._thread_files(plan.thread) as tf:
+        with self._thread_files(plan.thread) as tf, self._outside_run(tf, plan):
             version, meta = self._prepare_put(tf, plan, checkpoint, metadata)
             stored = self.saver.put(config, checkpoint, meta, new_versions)
             tf.after_put(plan, checkpoint["id"], version)
@@ -587,19 +668,26 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         if plan.needs_parent:
             plan.parent = self._known(plan.thread, plan.parent_id) or \
                 await self._aversion_of(config)
-        with contextlib.ExitStack() as stack:
+        stack = contextlib.ExitStack()
+        try:
             tf = await asyncio.to_thread(stack.enter_context, self._thread_files(plan.thread))
+            await asyncio.to_thread(stack.enter_context, self._outside_run(tf, plan))
             version, meta = await asyncio.to_thread(
                 self._prepare_put, tf, plan, checkpoint, metadata)
             stored = await self.saver.aput(config, checkpoint, meta, new_versions)
             await asyncio.to_thread(tf.after_put, plan, checkpoint["id"], version)
-            await asyncio.to_thread(stack.close)
+        except BaseException:
+            # Let go in a worker thread too (a hold is given back to the bucket).
+            await asyncio.shield(asyncio.to_thread(stack.close))
+            raise
+        await asyncio.to_thread(stack.close)
         return stored
 
     def _has_no_files(self, plan: PutPlan) -> bool:
         """A checkpoint written outside a run for a thread that has no run dir
         yet: its files are none, and no daemon is needed to say so."""
-        return self.runs is not None and not plan.from_run and not self.runs.exists(plan.thread)
+        return self.runs is not None and not self.replicated and not plan.from_run and \
+            not self.runs.exists(plan.thread)
 
     def _prepare_put(self, tf: ThreadFiles, plan: PutPlan, checkpoint: Checkpoint,
                      metadata: CheckpointMetadata) -> tuple[FilesVersion, Any]:
@@ -719,11 +807,12 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             raise ValueError("copy_thread: the source and the target are the same thread")
         tuples = sorted(self.saver.list({"configurable": {"thread_id": source_thread_id}}),
                         key=lambda t: t.checkpoint["id"])
-        self._copy_files(source, target, bool(tuples))
-        for tup in tuples:
-            stored = self.saver.put(*_copy_args(tup, target_thread_id))
-            for task_id, writes in _writes_by_task(tup):
-                self.saver.put_writes(stored, writes, task_id)
+        copied = self._copy_files(source, target, bool(tuples))
+        with self._holding(target, "copy") if copied is not None else contextlib.nullcontext():
+            for tup in tuples:
+                stored = self.saver.put(*_copy_args(tup, target_thread_id, copied))
+                for task_id, writes in _writes_by_task(tup):
+                    self.saver.put_writes(stored, writes, task_id)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         source, target = thread_key(source_thread_id), thread_key(target_thread_id)
@@ -732,54 +821,80 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         tuples = [t async for t in self.saver.alist(
             {"configurable": {"thread_id": source_thread_id}})]
         tuples.sort(key=lambda t: t.checkpoint["id"])
-        await asyncio.to_thread(self._copy_files, source, target, bool(tuples))
-        for tup in tuples:
-            stored = await self.saver.aput(*_copy_args(tup, target_thread_id))
-            for task_id, writes in _writes_by_task(tup):
-                await self.saver.aput_writes(stored, writes, task_id)
+        copied = await asyncio.to_thread(self._copy_files, source, target, bool(tuples))
+        stack = contextlib.ExitStack()
+        try:
+            if copied is not None:
+                await asyncio.to_thread(stack.enter_context, self._holding(target, "copy"))
+            for tup in tuples:
+                stored = await self.saver.aput(*_copy_args(tup, target_thread_id, copied))
+                for task_id, writes in _writes_by_task(tup):
+                    await self.saver.aput_writes(stored, writes, task_id)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(stack.close))
+            raise
+        await asyncio.to_thread(stack.close)
 
-    def _copy_files(self, source: str, target: str, has_checkpoints: bool) -> None:
+    def _copy_files(self, source: str, target: str,
+                    has_checkpoints: bool) -> dict[str, Any] | None:
+        """Copy the source's files to the target; with a remote, the daemon's
+        `remote_copy` answer (the copy's run and which snapshots it holds),
+        else None."""
         if self.runs is None:
             raise MountToolError(
                 "copy_thread needs a VfsdCheckpointer on a Runs (mount_tool.runs(ROOT)): one "
                 "Mount serves one thread, and a copy needs a run dir of its own")
-        if not self.runs.exists(source):
+        if not self.replicated and not self.runs.exists(source):
             if has_checkpoints:
                 logger.info("vfsd: thread %r has checkpoints but no files to copy", source[:200])
-            return
+            return None
         # The copy gets this wrapper's record too, before it is marked complete.
-        self.runs.copy(source, target, before_done=lambda source_state, target_state:
-                       copy_record(source_state, target_state, target))
+        m = self.runs.copy(source, target, before_done=lambda source_state, target_state:
+                           copy_record(source_state, target_state, target))
+        if m is None and has_checkpoints:
+            logger.info("vfsd: thread %r has checkpoints but no files to copy", source[:200])
+        return m.copy_info if m is not None else None
 
     def _release_snapshots(self, threads: Iterable[str]) -> None:
         """Delete the snapshots of `threads` that no stored checkpoint names any
         more (after prune and delete_for_runs)."""
         for thread in threads:
-            if self.runs is not None and not self.runs.exists(thread):
+            if self.runs is not None and not self.replicated and not self.runs.exists(thread):
                 continue
-            named = {v.snapshot for v in (
-                FilesVersion.of(t.metadata) for t in
-                self.saver.list({"configurable": {"thread_id": thread, "checkpoint_ns": ""}}))
-                if v is not None and v.unbound is None}
-            with self._thread_files(thread) as tf:
-                tf.release_unnamed(named)
-
-    async def _arelease_snapshots(self, threads: Iterable[str]) -> None:
-        for thread in threads:
-            if self.runs is not None and not await asyncio.to_thread(self.runs.exists, thread):
-                continue
-            named = set()
-            async for t in self.saver.alist(
-                    {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}):
-                v = FilesVersion.of(t.metadata)
-                if v is not None and v.unbound is None:
-                    named.add(v.snapshot)
-
-            def release(thread: str = thread, named: set[str] = named) -> None:
+            # With a remote, inside a hold of the thread: the head then lists what
+            # is kept, and every replica drops the rest at its next run.
+            with self._holding(thread, "prune"):
+                named = {v.snapshot for v in (
+                    FilesVersion.of(t.metadata) for t in self.saver.list(
+                        {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}))
+                    if v is not None and v.unbound is None}
                 with self._thread_files(thread) as tf:
                     tf.release_unnamed(named)
 
-            await asyncio.to_thread(release)
+    async def _arelease_snapshots(self, threads: Iterable[str]) -> None:
+        for thread in threads:
+            if self.runs is not None and not self.replicated and \
+                    not await asyncio.to_thread(self.runs.exists, thread):
+                continue
+            stack = contextlib.ExitStack()
+            try:
+                await asyncio.to_thread(stack.enter_context, self._holding(thread, "prune"))
+                named = set()
+                async for t in self.saver.alist(
+                        {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}):
+                    v = FilesVersion.of(t.metadata)
+                    if v is not None and v.unbound is None:
+                        named.add(v.snapshot)
+
+                def release(thread: str = thread, named: set[str] = named) -> None:
+                    with self._thread_files(thread) as tf:
+                        tf.release_unnamed(named)
+
+                await asyncio.to_thread(release)
+            except BaseException:
+                await asyncio.shield(asyncio.to_thread(stack.close))
+                raise
+            await asyncio.to_thread(stack.close)
 
     def _threads_of_runs(self, run_ids: Sequence[str]) -> set[str]:
         threads: set[str] = set()
@@ -873,8 +988,11 @@ def _class_for(cls: type, saver: Any) -> type:
     return _CLASSES[key]
 
 
-def _copy_args(tup: CheckpointTuple, target_thread_id: str) -> tuple[Any, ...]:
-    """The arguments of the `put` that copies `tup` to the target thread."""
+def _copy_args(tup: CheckpointTuple, target_thread_id: str,
+               copied: Mapping[str, Any] | None = None) -> tuple[Any, ...]:
+    """The arguments of the `put` that copies `tup` to the target thread.
+    `copied` (a copy in the bucket: {"run", "copied_from": {"run", "upto"}}):
+    a checkpoint naming a snapshot the copy holds names the copy's run."""
     conf = tup.config.get("configurable") or {}
     config: dict[str, Any] = {"configurable": {
         "thread_id": target_thread_id, "checkpoint_ns": conf.get("checkpoint_ns", "")}}
@@ -884,8 +1002,23 @@ def _copy_args(tup: CheckpointTuple, target_thread_id: str) -> tuple[Any, ...]:
     metadata = dict(tup.metadata or {})
     if "thread_id" in metadata:
         metadata["thread_id"] = target_thread_id
+    if copied is not None:
+        metadata = _in_copied_run(metadata, copied)
     checkpoint = tup.checkpoint
     return config, checkpoint, metadata, dict(checkpoint.get("channel_versions") or {})
+
+
+def _in_copied_run(metadata: dict[str, Any], copied: Mapping[str, Any]) -> dict[str, Any]:
+    """A copied checkpoint's metadata naming the copy's run when the copy holds
+    its snapshot (the same id, published before the copy); else as it was (a
+    snapshot the copy lacks: a run from it says so)."""
+    version = FilesVersion.of(metadata)
+    origin = copied.get("copied_from") or {}
+    if version is None or version.unbound is not None or version.snapshot == NO_FILES:
+        return metadata
+    if version.run != origin.get("run") or version.snapshot not in (copied.get("snapshots") or ()):
+        return metadata
+    return {**metadata, "vfsd": {**metadata["vfsd"], "run": str(copied["run"])}}
 
 
 def _writes_by_task(tup: CheckpointTuple) -> list[tuple[str, list[tuple[str, Any]]]]:

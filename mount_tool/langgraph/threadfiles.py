@@ -260,6 +260,46 @@ def _remove_tree(dir_fd: int, name: str) -> None:
     os.rmdir(name, dir_fd=dir_fd)
 
 
+#: the label `keep_run_end` gives a snapshot: the checkpoint the files follow
+_RUN_END = re.compile(r" after ckpt ([^ ]{1,128}) \(run end\)$")
+#: seconds between the tries of a run end whose publication timed out
+END_RETRY_SECONDS = 5.0
+
+
+def position_of_run_end(latest: str | None, listed: list[Mapping[str, Any]]) -> dict[str, str] | None:
+    """The position a replica takes after a hold: the checkpoint whose run
+    left the latest snapshot (`keep_run_end`'s label), else None."""
+    if not latest:
+        return None
+    label = next((str(s.get("label") or "") for s in listed if s.get("id") == latest), "")
+    found = _RUN_END.search(label)
+    if found is None:
+        return None
+    run = next((str(s.get("run") or "") for s in listed if s.get("id") == latest), "")
+    return {"checkpoint": found.group(1), "snapshot": latest, "run": run}
+
+
+def _retry_end(m: Mount, token: str, timeout: float) -> None:
+    """Keep ending a run whose publication timed out, in the background, until
+    the daemon gives the thread back (or says the run is over anyway)."""
+    def again() -> None:
+        while True:
+            time.sleep(END_RETRY_SECONDS)
+            try:
+                m.end_run(token, timeout=timeout)  # type: ignore[attr-defined]
+            except ControlError as exc:
+                if exc.code == "timeout":
+                    continue
+                logger.warning("vfsd: ending run %s of %s: %s", token, m, exc)
+            except MountToolError as exc:
+                logger.warning("vfsd: ending run %s of %s: %s", token, m, exc)
+            else:
+                logger.info("vfsd: run %s of %s ended: its snapshots are published", token, m)
+            return
+
+    threading.Thread(target=again, name="vfsd-end-retry", daemon=True).start()
+
+
 def copied_with(state: Mapping[str, Any], version: FilesVersion) -> bool:
     """Whether the run dir is a copy of `version`'s run that holds its snapshot
     (a copied thread: the copy has the source's history up to the copy)."""
@@ -299,6 +339,8 @@ class ThreadFiles:
         self.remote_url: str | None = None
         # Snapshots named by stored checkpoints and not known to be published.
         self.unpublished: deque[str] = deque()
+        # With replicas: where the live tree stands, as the run's hold left it (one read).
+        self.fresh_state: dict[str, Any] | None = None
 
     @property
     def m(self) -> Mount:
@@ -336,7 +378,7 @@ class ThreadFiles:
             self.clear_files(checkpoint_id)
             self.set_position(checkpoint_id, version)
             return
-        state = self.m.snapshot_state()
+        state, self.fresh_state = self.fresh_state or self.m.snapshot_state(), None
         where = self.where(checkpoint_id, version, state)
         if where in ("exact", "after"):
             self.set_position(checkpoint_id, version)
@@ -650,6 +692,10 @@ class ThreadFiles:
                 remote = None
         if not remote or not version.run:
             return "it was not published to an object store"
+        if self.owner.replicated:
+            return (f"the thread's files are in run {state.get('run')} of {remote}, not in run "
+                    f"{version.run}: the thread was deleted and started again since, or the "
+                    "checkpoint names another thread's files")
         expected = self.owner._expected_run(self.record.thread)
         if expected is not None and version.run != expected:
             return (f"run {version.run} is not this thread's (its run is {expected}): a "
@@ -666,6 +712,101 @@ class ThreadFiles:
         logger.info("vfsd: resumed %s@%s from %s for checkpoint %s", version.run,
                     version.snapshot, remote, tup.checkpoint["id"])
         return None
+
+    # -- replicas: a run holds its thread (a Runs with a remote) -------------------------
+
+    def hold(self, token: str) -> dict[str, Any]:
+        """Hold the thread for one run, or for one write outside runs
+        (`ThreadMount.begin_run`: its files caught up with the bucket, the
+        live files its latest snapshot), then trust nothing this replica
+        believed of it that runs elsewhere may have changed. Not under
+        `lock`: a run of the thread ending here needs it while this waits."""
+        res = self.m.begin_run(token)  # type: ignore[attr-defined]
+        with self.lock:
+            self.caught_up(res)
+        return res
+
+    def caught_up(self, res: Mapping[str, Any]) -> None:
+        """After a hold: the record reloaded; a thread whose run changed (deleted
+        and used again, a copy's first run here) keeps none of its old pins;
+        the checkpoint the live files follow is the one the bucket's latest
+        snapshot says (a run's end keeps what it left after its last
+        checkpoint, `keep_run_end`), else none (the local position may be from
+        before runs elsewhere)."""
+        self.record.load()
+        if res.get("rebuilt") or res.get("record") == "revived":
+            if self.record.pins:
+                self.record.pins = {}
+                self.record.save()
+            with self.cache_lock:
+                self.versions.clear()
+                self.pin_on_put.clear()
+        doc = self.m.client.call("snapshots")
+        listed = doc.pop("snapshots", None) or []
+        doc.setdefault("forked_from", None)
+        doc.setdefault("copied_from", [])
+        self.fresh_state = doc
+        self.record.position = position_of_run_end(res.get("latest"), listed)
+        self.record.save_position()
+
+    def end_run(self, token: str) -> None:
+        """A graph run is over: what it left after its last checkpoint kept,
+        then the thread given back (`let_go`)."""
+        with self.lock:
+            self.keep_run_end()
+        self.let_go(token, strict=True)
+
+    def keep_run_end(self) -> None:
+        """Snapshot the files a run leaves after the checkpoint it ended on (the
+        finished tasks of a step that failed or waits at an interrupt, whose
+        writes LangGraph keeps and will not redo), labelled with that
+        checkpoint: a run from it, on any replica, goes on with them, as it
+        would on the replica that ran it (see `caught_up`). Nothing when
+        nothing changed since the last snapshot."""
+        checkpoint = (self.record.position or {}).get("checkpoint")
+        if not checkpoint:
+            return
+        thread = self.record.thread or ""
+        shown = "".join(c if c.isprintable() else "?" for c in thread[:40])
+        label = f"{shown} after ckpt {checkpoint} (run end)"
+        try:
+            rec = self.m.snapshot(label=label[:200], reuse=True)
+        except ControlError as exc:  # the lease was lost: the end says so
+            logger.warning("vfsd: thread %.80r: the files its run left after checkpoint %s "
+                           "could not be kept: %s", thread, checkpoint, exc)
+            return
+        if not rec.get("reused"):
+            logger.info("vfsd: thread %.80r: the files its run left after checkpoint %s are "
+                        "kept in %s", thread, checkpoint, rec.get("id"))
+
+    def let_go(self, token: str, *, strict: bool = False) -> None:
+        """Give the thread back (`ThreadMount.end_run`: every snapshot published
+        first). A publication that does not come within `sync_timeout`
+        raises SnapshotNotPublished (`strict`; else it is logged) and the
+        thread stays held while the daemon goes on publishing: this is tried
+        again in the background until it is given back. A run whose lease was
+        lost raises it too (its unpublished snapshots are not the thread's)."""
+        try:
+            res = self.m.end_run(token, timeout=self.owner.sync_timeout)  # type: ignore[attr-defined]
+        except ControlError as exc:
+            if exc.code not in ("timeout", "not_publishable"):
+                if strict:
+                    raise
+                logger.warning("vfsd: thread %.80r could not be given back: %s",
+                               self.record.thread, exc)
+                return
+            if exc.code == "timeout":
+                _retry_end(self.m, token, self.owner.sync_timeout)
+            error = SnapshotNotPublished(
+                f"thread {self.record.thread!r:.200} was not handed over: {exc.message}",
+                snapshot="", reason=exc.message)
+            if strict:
+                raise error from None
+            logger.warning("vfsd: %s", error)
+            return
+        if res.get("ended"):
+            with self.cache_lock:
+                self.unpublished.clear()  # all published: nothing for flush() to wait for
 
     # -- after storing: position and interrupt pins ---------------------------------------
 

@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ControlError, MountError, MountToolError
+from ..errors import ControlError, MountError, MountToolError, ThreadBusy
 from ..mount import Mount
 from . import config as runs_config
 from . import legacy
@@ -113,10 +113,15 @@ CLOSE_GRACE_SECONDS = 5.0
 #: mount options a Runs decides itself
 _NOT_OPTIONS = {
     "store": "each shard keeps its own store (ROOT/shards/<k>/.vfsd)",
-    "remote": "a shard has no remote tier yet: mount run dirs one at a time for --remote",
-    "remote_url": "a shard has no remote tier yet: mount run dirs one at a time for --remote",
     "shard": "a Runs mounts its shards itself",
+    "metrics_port": "a shard serves no metrics endpoint (every shard would bind the one "
+                    "port): `vfsd status --json ROOT` and `vfsd threads ROOT --json` give "
+                    "its numbers",
 }
+#: seconds a remote_begin may take besides its wait for the lease (its catch-up)
+BEGIN_GRACE = 600.0
+#: the daemon's lease TTL when none is given (vfsd.config remote_lease_ttl)
+DEFAULT_LEASE_TTL = 30.0
 class ThreadIdError(MountToolError, ValueError):
     """A thread id that cannot name a thread (not a string, too long, none)."""
 
@@ -211,6 +216,7 @@ class Runs:
         **mount_options: Any,
     ) -> None:
         del max_mounted, idle_timeout  # no thread holds a mount of its own any more
+        remote = _remote_option(mount_options)
         self.config_path = runs_config.config_path(config)
         from_file = runs_config.load(self.config_path, mount_options) \
             if self.config_path is not None else None
@@ -239,7 +245,17 @@ class Runs:
         options.setdefault("snapshot_keep_last", 0)
         options.setdefault("snapshot_keep_steps", 0)
         options.setdefault("snapshot_keep_bytes", DEFAULT_SNAPSHOT_BUDGET)
+        # The bucket from the file when no keyword names one (the keyword wins,
+        # as for every option).
+        from_file_remote = _remote_option(options)
+        remote = remote if remote is not None else from_file_remote
+        if remote is not None:
+            options["remote"] = remote
         self.mount_options = options
+        #: the bucket the shards serve their threads from (None: no remote tier)
+        self.remote = remote
+        #: seconds a run waits for another run of its thread to end (remote_lease_wait)
+        self.lease_wait = _lease_wait(options)
         self._lock = threading.Lock()
         self._threads: OrderedDict[str, _Thread] = OrderedDict()
         self._shards: dict[str, Shard] = {}
@@ -295,6 +311,10 @@ class Runs:
             if found is None:
                 if self._closed:
                     raise MountToolError(f"{self!r} is closed")
+                if name == legacy.LEGACY_SHARD and self.remote is not None:
+                    raise MountToolError(
+                        f"{self.root} holds threads of the earlier layout (ROOT/store): they "
+                        "cannot be served from a bucket; serve the replicas from a new root")
                 store = self.root / legacy.LEGACY_STORE if name == legacy.LEGACY_SHARD else None
                 found = self._shards[name] = Shard(name, self.shards_dir / name,
                                                    self.mount_options, store=store)
@@ -398,7 +418,7 @@ class Runs:
                 raise MountToolError(f"{run_dir}: {exc.message}") from None
             raise
         link_thread_files(run_dir, shard, name)
-        return ThreadMount(shard, name, thread_id, run_dir)
+        return ThreadMount(shard, name, thread_id, run_dir, lease_wait=self.lease_wait)
 
     # -- thread lifecycle ------------------------------------------------------
 
@@ -422,6 +442,8 @@ class Runs:
                 raise MountToolError(f"thread {thread_id!r:.200} is in use: its files cannot "
                                      "be deleted under a running call")
             self._threads.pop(name, None)
+        if self.remote is not None:
+            return self._delete_everywhere(thread_id, name, run_dir)
         if not os.path.lexists(run_dir):
             return False
         record = read_record(run_dir)
@@ -460,7 +482,7 @@ class Runs:
         source, target = thread_key(source), thread_key(target)
         if source == target:
             raise ValueError("a thread cannot be copied onto itself")
-        if not self.exists(source):
+        if self.remote is None and not self.exists(source):
             return None
         target_dir = self.run_dir(target)
         record = read_record(target_dir) if os.path.lexists(target_dir) else None
@@ -476,6 +498,8 @@ class Runs:
                 f"{target_dir} exists but has no {THREAD_RECORD}, so it is no thread this "
                 f"Runs knows (a thread whose record was lost, or something else); nothing "
                 f"was changed. Restore its {THREAD_RECORD}, or move it away, and copy again")
+        if self.remote is not None:
+            return self._copy_in_bucket(source, target, target_dir, before_done)
         name = target_dir.name
         with self.use(source, hooks=False) as m:
             write_record(target_dir, ThreadRecord(target, m.shard.name, copying=True))
@@ -496,6 +520,102 @@ class Runs:
                 before_done(m.state_dir, target_dir / ".vfsd")
             write_record(target_dir, ThreadRecord(target, m.shard.name))
         return self.get(target)
+
+    # -- replicas: a Runs with a remote ------------------------------------------
+
+    @contextlib.contextmanager
+    def hold(self, thread_id: Any, *, token: str | None = None) -> Iterator[ThreadMount]:
+        """`with runs.hold(thread_id) as m:` the thread's Mount, held as one run
+        holds it. With a remote, the thread's files are written only during a
+        run: the block is one (`ThreadMount.begin_run`: caught up with the
+        bucket, the thread's lease taken, waiting `lease_wait` seconds for
+        another run of it; then `end_run`: what it snapshotted published and
+        the lease given back). ThreadBusy when another run keeps it. Without
+        a remote, the same as `use`. (VfsdCheckpointer holds a thread this way
+        for what it writes outside graph runs: `update_state`, a prune, a
+        copy's checkpoints; graph runs are held from their start to their end.)"""
+        with self.use(thread_id, hooks=False) as m:
+            if self.remote is None:
+                yield m
+                return
+            token = token or f"hold-{uuid.uuid4()}"
+            m.begin_run(token)
+            try:
+                yield m
+            except BaseException:
+                try:
+                    m.end_run(token)
+                except MountToolError as exc:  # the block's error is the one to see
+                    logger.warning("vfsd: thread %.80r: ending its hold failed: %s",
+                                   m.thread_id, exc)
+                raise
+            m.end_run(token)
+
+    def _delete_everywhere(self, thread_id: str, name: str, run_dir: Path) -> bool:
+        """Delete a thread of a Runs with a remote: a tombstone in the bucket
+        (waiting for a run of it under way anywhere), its run's objects and
+        this replica's copy; every other replica drops its copy at the
+        thread's next run there. True when the thread had files anywhere."""
+        record = None
+        if os.path.lexists(run_dir):
+            record = read_record(run_dir)
+            if record is None:
+                raise MountToolError(f"{run_dir} holds no {THREAD_RECORD}: it is not a thread "
+                                     "a Runs made (or its record was lost); not deleting it")
+            if record.thread_id != thread_id:
+                raise MountToolError(f"{run_dir} records thread {record.thread_id!r:.200}, "
+                                     f"not {thread_id!r:.200}: not deleting it")
+        shard = self.shard(record.shard if record is not None and record.shard is not None
+                           else self.shard_for(name))
+        try:
+            res = shard.long_call("remote_delete", DROP_TIMEOUT + self.lease_wait,
+                                  volume=name, thread=thread_id, wait=self.lease_wait)
+        except ControlError as exc:
+            if exc.code == "busy":
+                raise MountError(f"thread {thread_id!r:.200}: {exc.message}") from None
+            if exc.code == "lease_held":
+                raise ThreadBusy(f"thread {thread_id!r:.200} cannot be deleted while a run "
+                                 f"holds it: {exc.message}", thread_id=thread_id,
+                                 holder=exc.message) from None
+            raise
+        if record is not None:
+            remove_thread_dir(run_dir)
+        return record is not None or res.get("run") is not None
+
+    def _copy_in_bucket(self, source: str, target: str, target_dir: Path,
+                        before_done: Callable[[Path, Path], None] | None) -> ThreadMount | None:
+        """`copy` with a remote: a new bucket run for the target holding the
+        source's published snapshots (same ids; manifests written again, no
+        chunk copied), never touching the source's lease or history. Its
+        answer is the returned Mount's `copy_info`."""
+        name, source_name = target_dir.name, thread_dir_name(source)
+        source_dir = self.threads_dir / source_name
+        record = read_record(source_dir) if os.path.lexists(source_dir) else None
+        if record is not None and record.thread_id != source:
+            raise _mixed(source_dir, record.thread_id, source)
+        # Where the source's chunks are cached already, if anywhere here.
+        shard_name = record.shard if record is not None and record.shard is not None \
+            else self.shard_for(name)
+        shard = self.shard(shard_name)
+        write_record(target_dir, ThreadRecord(target, shard_name, copying=True))
+        try:
+            info = shard.long_call("remote_copy", COPY_TIMEOUT, volume=source_name,
+                                   thread=source, target=name, target_thread=target)
+        except ControlError as exc:
+            remove_thread_dir(target_dir)  # the record this call wrote, and nothing else
+            if exc.code == "not_found":
+                return None  # the source has no files in the bucket
+            if exc.code == "exists":
+                raise MountToolError(f"thread {target!r:.200} exists in {self.remote} "
+                                     f"already ({exc.message}): copy into a new thread") from None
+            raise
+        link_thread_files(target_dir, shard, name)
+        if before_done is not None:
+            before_done(source_dir / ".vfsd", target_dir / ".vfsd")
+        write_record(target_dir, ThreadRecord(target, shard_name))
+        m = self.get(target)
+        m.copy_info = info
+        return m
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -553,6 +673,30 @@ def _close_shards(shards: dict[str, Shard], pid: int) -> list[str]:
     for w in workers:
         w.join()
     return errors
+
+
+def _remote_option(options: dict[str, Any]) -> str | None:
+    """The `remote=` (or `remote_url=`) option taken out of `options`, checked."""
+    remote = options.pop("remote", None)
+    alias = options.pop("remote_url", None)
+    if remote and alias and remote != alias:
+        raise ValueError(f"remote={remote!r} and remote_url={alias!r} differ: pass one")
+    remote = remote or alias
+    if remote is None:
+        return None
+    if not isinstance(remote, str) or not remote.startswith("s3://") or len(remote) > 2048:
+        raise ValueError(f"remote= is the bucket the replicas share, s3://BUCKET/PREFIX, not "
+                         f"{remote!r:.100}")
+    return remote
+
+
+def _lease_wait(options: Mapping[str, Any]) -> float:
+    """How long a run waits for another run of its thread (the daemon's
+    `remote_lease_wait`, by default its lease TTL + 5 s)."""
+    wait = options.get("remote_lease_wait")
+    if wait is not None:
+        return float(wait)
+    return float(options.get("remote_lease_ttl") or DEFAULT_LEASE_TTL) + 5.0
 
 
 def _mixed(run_dir: Path, recorded: str, asked: str) -> MountToolError:

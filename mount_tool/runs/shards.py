@@ -192,7 +192,7 @@ class Shard:
         self.ensure()
         return self._call_plain(op, **args)
 
-    def long_call(self, op: str, timeout: float, **args: Any) -> dict[str, Any]:
+    def long_call(self, op: str, timeout: float, /, **args: Any) -> dict[str, Any]:
         """A request that may take longer than the pool's timeout, on a
         connection of its own."""
         self.ensure()
@@ -281,7 +281,7 @@ class VolumeClient:
         except ControlError as exc:
             raise self._explained(exc) from None
 
-    def long_call(self, op: str, timeout: float, **args: Any) -> dict[str, Any]:
+    def long_call(self, op: str, timeout: float, /, **args: Any) -> dict[str, Any]:
         try:
             return self.shard.long_call(op, timeout, volume=self.volume, thread=self.thread,
                                         **args)

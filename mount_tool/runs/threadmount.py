@@ -11,7 +11,14 @@ tools, `execute`'s sandbox, offloading, checkpoints) works on it unchanged.
 
 What a thread has no use for is refused with the way to do it: it is not
 unmounted alone (closing the Runs unmounts the shards), it is copied with
-`Runs.copy` rather than forked into a run dir, and a shard has no remote tier.
+`Runs.copy` rather than forked into a run dir, and it is not resumed from a
+bucket by hand.
+
+With a remote (`Runs(ROOT, remote=...)`: replicas sharing a bucket), a
+thread's files are written only during a run: `begin_run` (the daemon's
+`remote_begin`: the thread caught up with the bucket, its lease taken) and
+`end_run` (`remote_end`: what the run snapshotted published, the lease given
+back) bracket it (docs/control.md, "Replicas").
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import MountError, MountToolError
+from ..errors import ControlError, MountError, MountToolError, ThreadBusy
 from ..mount import SYNC_GRACE_SECONDS, Mount
 from ..refs import DEFAULT_CHUNK_SIZE
 from .shards import LOCAL_BITS, Shard, VolumeClient
@@ -31,13 +38,16 @@ from .shards import LOCAL_BITS, Shard, VolumeClient
 _LOCAL_MASK = (1 << LOCAL_BITS) - 1
 #: a volume root's inode number within its volume
 _VOLUME_ROOT = 1
+#: seconds a remote_begin may take besides its wait for the lease (its catch-up)
+BEGIN_GRACE = 600.0
 
 
 class ThreadMount(Mount):
     """The files of one thread of a Runs: `root` is its volume's directory in
     its shard's mount; see the module docstring."""
 
-    def __init__(self, shard: Shard, volume: str, thread_id: str, run_dir: Path) -> None:
+    def __init__(self, shard: Shard, volume: str, thread_id: str, run_dir: Path, *,
+                 lease_wait: float = 35.0) -> None:
         # Not Mount.__init__: this Mount starts and stops no daemon of its own.
         self.shard = shard
         self.volume = volume
@@ -50,6 +60,10 @@ class ThreadMount(Mount):
         self._closed = False
         self._chunk_size = None
         self._step = None
+        #: seconds `begin_run` waits for another run of the thread by default
+        self.lease_wait = lease_wait
+        #: the daemon's `remote_copy` answer when `Runs.copy` made this thread
+        self.copy_info: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"ThreadMount({self.thread_id!r:.80}, {self.volume}, shard {self.shard.name})"
@@ -126,8 +140,42 @@ class ThreadMount(Mount):
             f"{snapshot_id} there")
 
     def resume_from(self, run: str, snapshot_id: str, *, remote: str | None = None) -> None:
-        raise MountError(f"{self.shard.shown} has no remote tier: a Runs' threads cannot "
-                         f"resume {run}@{snapshot_id} from a bucket yet")
+        raise MountError(f"a thread of a Runs is not resumed from a bucket by hand ({run}@"
+                         f"{snapshot_id}): a Runs with a remote (Runs(ROOT, remote=...)) "
+                         "catches each thread up with its bucket when a run of it begins")
+
+    # -- replicas: one run at a time, on any replica --------------------------------
+
+    def begin_run(self, token: str, *, wait: float | None = None,
+                  force: bool = False) -> dict[str, Any]:
+        """Hold the thread for one run (`remote_begin`): its files caught up with
+        the bucket (the snapshots it lists here, the live files its latest),
+        then written by this run only. `token` names the run (its `lease_held`
+        messages and `remote_runs` show it; a second begin with it is the same
+        run). Waits up to `wait` seconds (default the Runs' `lease_wait`) for
+        another run of the thread, here or on another replica, to end or
+        lapse; then ThreadBusy, naming the holder, with nothing changed. The
+        daemon's answer ({"run", "latest", "snapshots", "imported", ...})."""
+        wait = self.lease_wait if wait is None else float(wait)
+        try:
+            return self.client.long_call("remote_begin", wait + BEGIN_GRACE, token=token,
+                                         wait=wait, force=bool(force))
+        except ControlError as exc:
+            if exc.code != "lease_held":
+                raise
+            raise ThreadBusy(f"thread {self.thread_id!r:.200} is held by another run (waited "
+                             f"{wait:g} s): {exc.message}", thread_id=self.thread_id,
+                             holder=exc.message) from None
+
+    def end_run(self, token: str, *, timeout: float = 60.0) -> dict[str, Any]:
+        """End the run `token` holds (`remote_end`): every snapshot it took
+        published (within `timeout` seconds: ControlError "timeout" otherwise,
+        the thread still held, call again), then the thread free for its next
+        run anywhere. Idempotent ({"ended": False} when no run holds it here);
+        ControlError "not_publishable" when the run's lease was lost (its
+        unpublished snapshots are not the thread's)."""
+        return self.client.long_call("remote_end", float(timeout) + SYNC_GRACE_SECONDS,
+                                     token=token, timeout=float(timeout))
 
     def sync(self, snapshot_id: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
         args: dict[str, Any] = {"timeout": float(timeout)}
