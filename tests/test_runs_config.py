@@ -77,7 +77,7 @@ BAD = [
     ("[runs]\nidle_timeout = 60\n", ["idle_timeout", "no longer used"]),
     ("runs = 3\n", ["runs", "must be a table"]),
     ("done_retention_steps = \n", ["not valid TOML"]),
-    ('remote_url = "s3://bucket/prefix"\n', ["remote_url", "not an option of a Runs"]),
+    ("metrics_port = 9100\n", ["metrics_port", "not an option of a Runs", "one port"]),
 ]
 
 
@@ -91,6 +91,19 @@ def test_a_bad_key_or_value_fails_at_open_naming_it(tmp_path, text, named):
     message = str(caught.value)
     assert str(path) in message and all(n in message for n in named), message
     assert not root.exists()  # nothing made, nothing mounted
+
+
+def test_the_file_names_the_bucket_the_replicas_share_and_a_keyword_wins(tmp_path):
+    path = tmp_path / "vfsd.toml"
+    path.write_text('remote_url = "s3://shared/threads"\nremote_lease_wait = 7\n')
+    runs = mount_tool.runs(tmp_path / "runs", config=path)
+    # The Runs serves its threads from that bucket (a lease per run), as with remote=.
+    assert runs.remote == "s3://shared/threads" == runs.mount_options["remote"]
+    assert "remote_url" not in runs.mount_options and runs.lease_wait == 7
+    runs = mount_tool.runs(tmp_path / "runs", config=path, remote="s3://other/p")
+    assert runs.remote == "s3://other/p"
+    with pytest.raises(ValueError, match="metrics_port= is not an option of a Runs"):
+        mount_tool.runs(tmp_path / "runs", metrics_port=9100)
 
 
 def test_a_bad_keyword_option_is_named_too_and_a_missing_file_is_said(tmp_path, settings):
