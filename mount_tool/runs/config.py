@@ -4,9 +4,9 @@
 
 The file's daemon options (eviction, rules, retention, quotas, ...: every key
 of `vfsd mount --config`) apply to every shard, hence to every thread; its
-`[runs]` table holds what only a Runs reads (`shards`). mount_tool does not
-import vfsd, so the file is read and validated by `vfsd config check --json`,
-the daemon's own code: a bad key or value fails the Runs where it is made,
+`[runs]` table holds what only a Runs reads (`shards`). mount_tool imports
+nothing of vfsd, so the file is read and validated by `vfsd config check
+--json`, the daemon's own code: a bad key or value fails the Runs where it is made,
 naming the key and the file, before any thread runs. The values it returns
 become the shards' flags, so every shard (and a shard started again after it
 died) runs with what was checked, whatever happens to the file later.
