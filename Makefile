@@ -21,8 +21,8 @@ demo: setup-demo
 
 # The server: examples/langgraph-server under `langgraph dev` on 127.0.0.1:$(PORT),
 # $(JOBS) runs at once; Ctrl-C (or SIGTERM to its process group) stops it and
-# unmounts every shard. Settings: the table in docs/server.md (VFSD_RUNS,
-# VFSD_CONFIG, VFSD_POSTGRES, VFSD_MODEL, VFSD_SHARDS, ...).
+# unmounts every shard. Settings: the table "The example's settings" in
+# docs/server.md (VFSD_RUNS, VFSD_CONFIG, VFSD_POSTGRES, VFSD_MODEL, VFSD_SHARDS, ...).
 PORT ?= 2024
 JOBS ?= 16
 setup-serve:

@@ -3,7 +3,8 @@
 # on 127.0.0.1:$PORT, $JOBS runs at once. Ctrl-C or SIGTERM stops it: the server
 # leaves the example's checkpointer, which unmounts every shard (no mount and no
 # daemon is left). The example's settings are its environment variables (the
-# table in docs/server.md; the example's module docstring lists their names).
+# table "The example's settings" in docs/server.md; the example's module
+# docstring lists their names).
 #
 # The server keeps its own records (threads, runs, assistants: `.langgraph_api/`)
 # in its working directory; this script runs it in $VFSD_RUNS/langgraph-server,

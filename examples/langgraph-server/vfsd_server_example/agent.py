@@ -23,11 +23,11 @@ the server resolves file paths there against its working directory, a module
 from any (`make serve` installs the example: pip install -e
 examples/langgraph-server).
 
-Settings, all from the environment (one table in the docs, docs/server.md,
-says each one's default and use): VFSD_RUNS, VFSD_CONFIG, VFSD_POSTGRES,
-VFSD_SHARDS, VFSD_MODEL; `make serve` adds PORT and JOBS. A bad
-VFSD_CONFIG (an unknown key, a bad value) stops the server as it starts,
-naming the key, before any thread runs.
+Settings, all from the environment (one table in the docs, "The example's
+settings" in docs/server.md, says each one's default and use): VFSD_RUNS,
+VFSD_CONFIG, VFSD_POSTGRES, VFSD_SHARDS, VFSD_MODEL; `make serve` adds PORT
+and JOBS. A bad VFSD_CONFIG (an unknown key, a bad value) stops the server
+as it starts, naming the key, before any thread runs.
 """
 
 from __future__ import annotations
