@@ -427,3 +427,11 @@ def test_an_idle_shard_writes_nothing(shard):
     before = txns()
     time.sleep(2 * FLUSH_INTERVAL + 1)
     assert txns() == before
+
+
+def test_a_shard_refuses_a_metrics_port_it_would_not_serve(tmp_path):
+    """--metrics-port on a shard was taken and ignored: no endpoint, no word."""
+    run = tmp_path / "s"
+    proc = vfsd_cli("mount", "--shard", run, "--metrics-port", "9100", check=False)
+    assert proc.returncode == 2 and "no metrics endpoint" in proc.stderr, proc.stderr
+    assert not is_mounted(run / "fs")

@@ -107,6 +107,9 @@ def mount(run_dir: Path, store: Path | None, shard: bool, foreground: bool, log_
         fail(f"cannot create {run.state}: {exc}", 2)
     if shard and resume_from is not None:
         fail("--shard starts from its store as it is (no --from)", 2)
+    if shard and config.metrics_port is not None:
+        fail("a shard serves no metrics endpoint (--metrics-port): `vfsd status --json` "
+             "and `vfsd threads --json` give its numbers", 2)
     if shard:
         store_dir = Path(os.path.abspath(store)) if store is not None else run.state
     if foreground:

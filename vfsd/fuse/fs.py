@@ -22,6 +22,7 @@ import structlog
 import trio
 
 from vfsd import errors
+from vfsd.steps import make_way
 from vfsd.store import filehash
 from vfsd.store.groupcommit import in_request
 from vfsd.store.inode import NO_CALL, STATUS_BY_NAME, STATUS_NAMES, Inode
@@ -205,6 +206,8 @@ class VfsdOperations(pyfuse3.Operations):
         self.entry_timeout = entry_timeout
         self.durability = durability
         self.lookups: dict[int, int] = {}
+        #: nameless inodes nobody has open that wait for the kernel's FORGET
+        self._awaiting_forget: set[int] = set()
         self.counters = Counters()
         self.tracer = Tracer()
         # Which tool call each request comes from (see `provenance`).
@@ -407,10 +410,32 @@ class VfsdOperations(pyfuse3.Operations):
         One transaction for the lot; the store itself skips any that still
         have a name.
         """
-        unused = [ino for ino in inos
-                  if self.lookups.get(ino, 0) <= 0 and ino not in self.files.files]
+        unused = []
+        for ino in inos:
+            if ino in self.files.files:
+                continue
+            if self.lookups.get(ino, 0) > 0:
+                self._awaiting_forget.add(ino)  # nameless, unopened: the kernel's FORGET is due
+            else:
+                self._awaiting_forget.discard(ino)
+                unused.append(ino)
         if unused:
             self.store.free_inodes(unused)
+
+    async def _take_quota(self, grow: int, ino: int) -> None:
+        """Make room for `grow` more bytes of `ino` under the quota (evicting
+        if need be), or raise QuotaExceeded.
+
+        A file unlinked with nothing open counts until the kernel forgets it.
+        Its FORGET is sent as the unlink returns but may still wait for the
+        loop: before a change that does not fit evicts or is refused, the loop
+        takes such FORGETs in (`rm big; echo small > f` under a full quota)."""
+        if self._awaiting_forget and self.limits is not None:
+            quota, used, _ = self.limits()
+            if quota is not None and used + grow > quota:
+                await make_way(0.05)
+        self.quota(grow, ino)
+        await self._drop_evicted_names()
 
     def free_in_steps(self, inos: list[int], batch: int = 256):
         """`_maybe_free` over many inodes (a restore's), a transaction per
@@ -530,8 +555,7 @@ class VfsdOperations(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EINVAL)
                 self._note_writer(of, _pid(ctx))
                 if self.quota is not None and attr.st_size > of.inode.size:
-                    self.quota(attr.st_size - of.inode.size, ino)
-                    await self._drop_evicted_names()
+                    await self._take_quota(attr.st_size - of.inode.size, ino)
                 if self.remote is not None:
                     await self._load_for_change(of, attr.st_size, None)
                 self.files.truncate(of, attr.st_size)
@@ -858,8 +882,7 @@ class VfsdOperations(pyfuse3.Operations):
             if end > MAX_FILE_SIZE:
                 raise pyfuse3.FUSEError(errno.EFBIG)
             if self.quota is not None and end > of.inode.size:
-                self.quota(end - of.inode.size, of.inode.ino)
-                await self._drop_evicted_names()
+                await self._take_quota(end - of.inode.size, of.inode.ino)
             await self._check_disk_space(len(buf))
         except (errors.NoSpace, pyfuse3.FUSEError):
             # The kernel already took these bytes into its page cache and grew
@@ -1159,8 +1182,7 @@ class VfsdOperations(pyfuse3.Operations):
         # Attributes take room like content does: they count against the quota.
         growth = self.store.xattr_growth(ino, name, value)
         if self.quota is not None and growth > 0:
-            self.quota(growth, ino)
-            await self._drop_evicted_names()
+            await self._take_quota(growth, ino)
         self.store.set_xattr(ino, name, value)
 
     def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes, pid: int = 0) -> None:
@@ -1321,6 +1343,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.flush_all()
         self.files.files.clear()
         self.lookups.clear()
+        self._awaiting_forget.clear()
         for ino in self.store.orphans():
             self.store.free_inode(ino)
 
