@@ -28,7 +28,7 @@ STATE_DIRNAME = ".vfsd"
 MOUNT_DIRNAME = "fs"
 
 #: Mount points of mount_tool's execute sandbox, which makes the mount root
-#: its `/` (mount_tool/sandbox/sandbox.py keeps the same list). The root serves them
+#: its `/` (mount_tool/reserved.py keeps the same list). The root serves them
 #: as virtual directories only once a sandbox has claimed them (the
 #: `user.vfsd.sandbox` xattr on the root): until then they are ordinary names.
 #: `tmp` is not among them: the sandbox's /tmp is a real directory of the run.
