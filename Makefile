@@ -1,10 +1,12 @@
-# The two commands a newcomer needs: `make demo` and `make test`.
-# Both install what is missing first (scripts/setup.sh).
+# The three commands a newcomer needs: `make demo`, `make serve` and `make test`
+# (and `make docs` for the documentation site). Each installs what is missing first
+# (scripts/setup.sh).
 
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup setup-demo demo test test-fast test-long bench bench-quick lint clean \
+.PHONY: setup setup-demo demo setup-serve serve test test-fast test-long bench bench-quick lint docs \
+        clean \
         dist install install-bin install-units uninstall
 
 setup:
@@ -16,6 +18,18 @@ setup-demo:
 
 demo: setup-demo
 	@$(PY) -m mount_tool.demo
+
+# The server: examples/langgraph-server under `langgraph dev` on 127.0.0.1:$(PORT),
+# $(JOBS) runs at once; Ctrl-C (or SIGTERM to its process group) stops it and
+# unmounts every shard. Settings: the table "The example's settings" in
+# docs/server.md (VFSD_RUNS, VFSD_CONFIG, VFSD_POSTGRES, VFSD_MODEL, VFSD_SHARDS, ...).
+PORT ?= 2024
+JOBS ?= 16
+setup-serve:
+	@bash scripts/setup.sh serve
+
+serve: setup-serve
+	@PORT="$(PORT)" JOBS="$(JOBS)" exec bash scripts/serve.sh
 
 # Three workers, a test file each at a time: most tests wait on mounts, daemons
 # and servers rather than on the CPU. `make test PYTEST_JOBS=0` runs serially.
@@ -43,6 +57,12 @@ bench-quick: setup
 
 lint: setup
 	@.venv/bin/ruff check vfsd mount_tool tests bench
+
+# The documentation site: README.md and docs/*.md, built into site/ (mkdocs.yml).
+# Strict: a broken link or anchor fails the build. Needs no network.
+docs: setup
+	@NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
+	@echo "docs: site/index.html"
 
 # ------------------------------------------------------------ packaging, install
 # `make dist`: the wheel and the sdist in dist/ (python -m build).
@@ -91,4 +111,4 @@ uninstall:
 	    "$(DESTDIR)$(UNITDIR)"/vfsd-gc@.timer "$(DESTDIR)$(USERUNITDIR)"/vfsd@.service
 
 clean:
-	rm -rf .venv build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf .venv build dist site *.egg-info .pytest_cache .hypothesis

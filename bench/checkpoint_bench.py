@@ -66,9 +66,9 @@ from test_deepagents import (  # noqa: E402
 )
 
 import mount_tool  # noqa: E402
-from mount_tool.checkpointer import VfsdCheckpointer  # noqa: E402
-from mount_tool.checkpoints import CountingSerializer  # noqa: E402
 from mount_tool.deepagents import VfsdBackend, VfsdMiddleware, create_vfsd_deep_agent  # noqa: E402
+from mount_tool.langgraph import VfsdCheckpointer  # noqa: E402
+from mount_tool.langgraph.checkpoints import CountingSerializer  # noqa: E402
 
 MARKS = (5, 15, 30, 50)
 VARIANTS = ("classic", "deepagents", "vfsd", "vfsd-bare")

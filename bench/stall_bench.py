@@ -23,14 +23,22 @@ It reports, per operation, the daemon's own time (`duration_ms` where the reply
 has it), the round trip, and the longest wait of a probe request during it,
 with the probe's longest wait over the same time with nothing else running as
 the floor. Nothing is asserted.
+
+With `--shard`, the tree is one thread (volume) of a shard daemon and the
+probe is another thread of the same shard creating 2 KB files (create, write,
+close) in a loop: what one thread's long operation costs the others. The
+operations are the same plus an eviction pass over every file and the drop
+of the whole thread; each row gives the probe's p50, p99 and longest request.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -105,7 +113,111 @@ def run(base: Path, n: int) -> list[dict]:
     return rows
 
 
+class CreateProbe(threading.Thread):
+    """Creates, writes and closes 2 KB files in `path` in a loop, keeping each
+    one's latency: what another thread's work costs this one."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.times: list[float] = []
+        self._done = threading.Event()
+        self._n = 0
+
+    def run(self) -> None:
+        data = b"x" * 2048
+        while not self._done.is_set():
+            self._n += 1
+            t0 = time.perf_counter()
+            fd = os.open(self.path / f"p{self._n}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.write(fd, data)
+            os.close(fd)
+            self.times.append(time.perf_counter() - t0)
+            time.sleep(0.001)
+
+    def stop(self) -> list[float]:
+        self._done.set()
+        self.join()
+        return self.times
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def run_shard(base: Path, n: int) -> list[dict]:
+    rows = []
+    m = VfsdMount(base / "shard", ("--shard", "--snapshot-keep-last", "1000",
+                                   "--snapshot-keep-steps", "0", "--max-age-steps", "5"))
+    m.mount()
+
+    def call(op: str, **args) -> dict:
+        c = ControlClient(m.socket_path, timeout=3600)
+        try:
+            return c.request(op, **args)
+        finally:
+            c.close()
+
+    try:
+        call("volume_create", volume="big")
+        call("volume_create", volume="probe")
+        tree = m.root / "big"
+        t0 = time.perf_counter()
+        write_tree(tree, n, "v0")
+        print(f"  {n} files written in {time.perf_counter() - t0:.0f} s", flush=True)
+
+        def row(what: str, fn) -> dict:
+            probe = CreateProbe(m.root / "probe")
+            probe.start()
+            time.sleep(0.3)
+            probe.times.clear()
+            t1 = time.perf_counter()
+            res = fn()
+            wall = time.perf_counter() - t1
+            times = probe.stop()
+            r = {"operation": what, "daemon_ms": res.get("duration_ms"), "wall_ms": wall * 1000,
+                 "steps": res.get("steps"), "probe_requests": len(times),
+                 "p50_ms": _pct(times, 0.5) * 1000, "p99_ms": _pct(times, 0.99) * 1000,
+                 "longest_wait_ms": max(times, default=0.0) * 1000}
+            rows.append(r)
+            print(f"  {what}: {r['wall_ms']:.0f} ms; the other thread's creates: "
+                  f"{len(times)}, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+                  f"longest {r['longest_wait_ms']:.0f} ms", flush=True)
+            return res
+
+        v = {"volume": "big"}
+        row("nothing (the probe alone, 2 s)", lambda: time.sleep(2) or {})
+        first = row("first snapshot", lambda: call("snapshot", label="first", **v))
+        change(tree, n, n, "v1")
+        second = row(f"snapshot of {n:,} changed files", lambda: call("snapshot", **v))
+        row(f"restore undoing {n:,} changes", lambda: call("restore", snapshot=first["id"], **v))
+        row(f"restore redoing {n:,} changes",
+            lambda: call("restore", snapshot=second["id"], **v))
+        row(f"diff of {n:,} changes", lambda: call("diff", a=first["id"], b=second["id"], **v))
+        row(f"copy of the thread ({n:,} files, two snapshots)",
+            lambda: call("volume_copy", target="copy", **v))
+        row(f"eviction pass over {n:,} files", lambda: call("set_step", step=1000, **v))
+        per_dir = -(-n // 100)
+        # The newest evictions: the eviction log keeps the last 10,000 of them.
+        some = [f"d{i // per_dir:03d}/f{i:06d}.txt" for i in range(max(0, n - 1000), n)]
+        row(f"unevict of {len(some):,} files", lambda: call("unevict", paths=some, **v))
+        row(f"deleting a snapshot of {n:,} entries",
+            lambda: call("snapshot_delete", snapshot=second["id"], **v))
+        row("dropping the thread", lambda: call("volume_drop", volume="big"))
+    finally:
+        m.umount()
+    return rows
+
+
 def table(rows: list[dict]) -> str:
+    if rows and "p99_ms" in rows[0]:
+        out = ["| operation (one thread) | round trip | steps | another thread's creates: "
+               "p50 / p99 / longest |", "| --- | ---: | ---: | ---: |"]
+        for r in rows:
+            out.append(f"| {r['operation']} | {r['wall_ms']:,.0f} ms | {r['steps'] or '-'} | "
+                       f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f} / {r['longest_wait_ms']:,.0f} ms |")
+        return "\n".join(out)
     out = ["| operation | daemon | round trip | longest wait of another request |",
            "| --- | ---: | ---: | ---: |"]
     for r in rows:
@@ -118,15 +230,18 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--files", type=int, default=100_000)
+    ap.add_argument("--shard", action="store_true",
+                    help="one thread of a shard works, another thread's creates are timed")
     add_run_options(ap)
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="vfsd-stall-", dir=args.base_dir))
     info = machine_info(base)
     print_machine(info)
     try:
-        rows = run(base, args.files)
+        rows = run_shard(base, args.files) if args.shard else run(base, args.files)
     finally:
-        rmtree_quiet(base)
+        if not os.environ.get("VFSD_KEEP"):
+            rmtree_quiet(base)
     print(table(rows))
     if args.json:
         doc = json.dumps({"machine": info, "rows": rows}, indent=2)

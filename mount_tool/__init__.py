@@ -4,16 +4,27 @@
         ref = m.write("notes/plan.md", "...")   # a ~150-byte FileRef for graph state
         m.read(ref)                              # checked against the ref's hash
 
-    with mount_tool.runs("runs") as runs:        # one run dir per graph thread
-        m = runs.get(thread_id)                  # mounted on demand, idle ones unmounted
+    with mount_tool.runs("runs") as runs:        # every graph thread its own files,
+        m = runs.get(thread_id)                  # a directory of a few shard daemons
 
-LangGraph helpers live in `mount_tool.langgraph`, tool-output offloading in
-`mount_tool.offload`, Deep Agents integration in `mount_tool.deepagents` and the
-sandbox its `execute` runs commands in in `mount_tool.sandbox`. mount_tool never imports vfsd: it runs the `vfsd` command
-line and talks to the daemon through the mount and its control socket.
+The folders are the parts, lowest first (docs/architecture.md;
+`tests/test_layers.py` checks that imports run down this list only):
+`errors`, `refs`, `paths`, `beneath` and `reserved` (what every part shares),
+then `daemon/` (talking to vfsd: the control client, starting daemons, the
+running tool call) and `sandbox/` (the sandbox `execute` runs commands in),
+then `mount` (`Mount`: one run dir), `runs/` (`Runs`: every thread of a graph
+from a few shard daemons), `langgraph/` (FilesChannel, the step nodes,
+VfsdCheckpointer), `deepagents/` (VfsdBackend, VfsdMiddleware,
+create_vfsd_deep_agent, tool-output offloading), and `cli`, `demo`. This
+module is the public API; `mount_tool.checkpointer`, `.boundary`, `.client`,
+`.offload` and `.toolcalls` are documented paths kept as re-exports.
+
+mount_tool never imports vfsd: it runs the `vfsd` command line and talks to
+the daemon through the mount and its control socket.
 """
 
-from .client import ControlClient
+from .daemon.client import ControlClient
+from .daemon.mountinfo import is_mounted
 from .errors import (
     ControlError,
     Damaged,
@@ -27,10 +38,11 @@ from .errors import (
     SnapshotUnavailable,
     StaleRef,
     ThreadBindingError,
+    ThreadBusy,
 )
-from .mount import Mount, is_mounted, mount
+from .mount import Mount, mount
 from .refs import FileRef, as_ref, content_hash, is_ref
-from .runs import Runs, ThreadIdError, runs
+from .runs import Runs, RunsConfigError, ThreadIdError, runs
 
 __all__ = [
     "ControlClient",
@@ -45,10 +57,12 @@ __all__ = [
     "MountToolError",
     "RefError",
     "Runs",
+    "RunsConfigError",
     "SnapshotNotPublished",
     "SnapshotUnavailable",
     "StaleRef",
     "ThreadBindingError",
+    "ThreadBusy",
     "ThreadIdError",
     "as_ref",
     "content_hash",
@@ -63,7 +77,7 @@ def __getattr__(name: str):
     # verify_history needs LangGraph (an optional dependency), which `import
     # mount_tool` does not: it is loaded on first use, and not in __all__.
     if name == "verify_history":
-        from .history import verify_history
+        from .langgraph.history import verify_history
 
         return verify_history
     raise AttributeError(f"module 'mount_tool' has no attribute {name!r}")

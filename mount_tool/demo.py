@@ -37,13 +37,12 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
-from mount_tool.checkpoints import CountingSerializer
-
-from .checkpointer import VfsdCheckpointer
 from .deepagents import VfsdBackend, VfsdMiddleware
+from .deepagents.offload import OffloadMiddleware
 from .errors import MountError, MountToolError
+from .langgraph.checkpointer import VfsdCheckpointer
+from .langgraph.checkpoints import CountingSerializer
 from .mount import Mount, is_mounted, mount
-from .offload import OffloadMiddleware
 
 DEMO_DIR_ENV = "VFSD_DEMO_DIR"
 DEFAULT_RUN_DIR = "demo-run"

@@ -150,6 +150,19 @@ class SnapshotNotPublished(MountToolError):
         self.reason = reason
 
 
+class ThreadBusy(MountToolError):
+    """Another run holds the thread (on this replica or another one sharing its
+    bucket): a run's start waited the configured bound for it to end or lapse.
+    `holder` is the daemon's word on who holds it and when it may lapse.
+    Nothing was changed; try again later (or give runs longer to wait:
+    `remote_lease_wait`)."""
+
+    def __init__(self, message: str, *, thread_id: str, holder: str) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.holder = holder
+
+
 class ThreadBindingError(MountToolError):
     """A graph thread other than the one the run dir serves tried to use it."""
 

@@ -3,25 +3,27 @@
 mount_tool never imports vfsd. It starts the daemon through its command line
 (`python -m vfsd.cli mount RUN_DIR ...`), then talks to it only through the
 mounted directory (POSIX calls) and the control socket.
+
+The one-thread form, below the Runs (whose threads are Mounts too) and the
+integrations: it imports the daemon's client and the shared modules only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
-import re
 import stat
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import toolcalls
 from .beneath import makedirs_beneath, open_beneath, relative_parts
-from .client import ControlClient
+from .daemon import toolcalls
+from .daemon.client import ControlClient
+from .daemon.mountinfo import is_mounted, mount_point_listed
+from .daemon.spawn import mount_flags, vfsd_command
 from .errors import (
     ControlError,
     Damaged,
@@ -34,13 +36,11 @@ from .errors import (
 )
 from .paths import confine, mount_relative
 from .refs import DEFAULT_CHUNK_SIZE, FileRef, as_ref, content_hash
-from .sandbox import SANDBOX_DIRS, reserved_reason
-from .spawn import run_vfsd
+from .reserved import SANDBOX_DIRS, reserved_reason
 
 STATUSES = ("active", "done")
 # `vfsd mount` returns once mounted; the socket may need a moment more to answer.
 PING_WAIT_SECONDS = 10.0
-_OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")
 #: FUSE's root inode number: what the mount root's fd must show
 FUSE_ROOT_INO = 1
 # What _read_same_inode returns when the inode is there but cannot match the ref.
@@ -66,23 +66,6 @@ def _not_regular(rel: str) -> OSError:
                    "nothing was written")
 
 
-def is_mounted(path: str | os.PathLike[str]) -> bool:
-    """True when `path` is a mount point in this process's mount namespace."""
-    return _mount_point_listed(os.fsencode(os.path.realpath(path)))
-
-
-def _mount_point_listed(target: bytes) -> bool:
-    """Whether /proc/self/mountinfo lists the canonical path `target` (bytes: a
-    mount point's name need not be UTF-8)."""
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            # mountinfo escapes space, tab, newline and backslash as \ooo.
-            field = line.split(b" ")[4]
-            if _OCTAL_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), field) == target:
-                return True
-    return False
-
-
 def _confined(opener: Callable[[], int], path: str, *, symlinks_refused: bool = False) -> int:
     """`opener()`, with the kernel's "that leads outside" (EXDEV, from
     RESOLVE_BENEATH) turned into the ValueError every path API raises; with
@@ -95,43 +78,6 @@ def _confined(opener: Callable[[], int], path: str, *, symlinks_refused: bool = 
         if exc.errno == errno.ELOOP and symlinks_refused:
             raise ValueError(f"{path!r} was replaced by a symlink while in use") from None
         raise
-
-
-#: daemon options that are on unless turned off (`--no-...`)
-ON_BY_DEFAULT = frozenset({"builtin_eviction_rules"})
-
-
-def mount_flags(options: Mapping[str, Any]) -> list[str]:
-    """Turn keyword options into `vfsd mount` flags.
-
-    done_retention_steps=3 -> ["--done-retention-steps", "3"]; True -> bare flag
-    (allow_other=True -> ["--allow-other"]); False -> the `--no-` flag of an
-    option that is on by default (builtin_eviction_rules=False), else left out,
-    as None is.
-    """
-    flags: list[str] = []
-    for key, value in options.items():
-        if key == "foreground":
-            raise ValueError("foreground would block: mount_tool always runs vfsd detached")
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False and key in ON_BY_DEFAULT:
-            flags.append("--no-" + flag[2:])
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, list | tuple | dict):  # eviction_rules: JSON
-            flags += [flag, json.dumps(list(value) if isinstance(value, tuple) else value)]
-        else:
-            flags += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
-    return flags
-
-
-def _run_vfsd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    try:
-        return run_vfsd(list(args), timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise MountError(f"vfsd {' '.join(args)} did not finish in {timeout} s") from exc
 
 
 class Mount:
@@ -150,6 +96,7 @@ class Mount:
         self.started = started
         self._closed = False
         self._chunk_size: int | None = None
+        self._step: int | None = None  # the step this Mount last saw (a hint)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -160,7 +107,7 @@ class Mount:
         if is_mounted(run_dir / "fs"):
             return cls.attach(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        proc = _run_vfsd("mount", str(run_dir), *mount_flags(options))
+        proc = vfsd_command("mount", str(run_dir), *mount_flags(options))
         if proc.returncode != 0:
             raise MountError(
                 f"vfsd mount {run_dir} exited {proc.returncode}: "
@@ -188,7 +135,7 @@ class Mount:
     def is_mounted(self) -> bool:
         """Whether the mount is still there (`root` is canonical: no realpath,
         whose lstat of the mount root would wait on a busy daemon)."""
-        return _mount_point_listed(os.fsencode(self.root))
+        return mount_point_listed(os.fsencode(self.root))
 
     def _wait_for_ping(self) -> bool:
         deadline = time.monotonic() + PING_WAIT_SECONDS
@@ -202,7 +149,7 @@ class Mount:
     def unmount(self) -> None:
         """Unmount the run dir (whoever started the daemon) and close the client."""
         self.client.close()
-        proc = _run_vfsd("umount", str(self.run_dir))
+        proc = vfsd_command("umount", str(self.run_dir))
         if proc.returncode != 0 and self.is_mounted():
             raise MountError(
                 f"vfsd umount {self.run_dir} exited {proc.returncode}: "
@@ -252,11 +199,13 @@ class Mount:
         Relative paths are taken from the mount root. Nothing is created or
         written before the check.
         """
-        return confine(self.root, path)
+        # The root is canonical: made from a realpath (Mount) or from a Runs'
+        # canonical root (ThreadMount).
+        return confine(self.root, path, canonical=True)
 
     def relative(self, path: str | os.PathLike[str]) -> str:
         """The mount-relative form of `path` ("out/a.txt"), after confinement."""
-        return mount_relative(self.root, self.resolve_path(path))
+        return mount_relative(self.root, self.resolve_path(path), canonical=True)
 
     def path_of(self, ref: Mapping[str, Any]) -> Path:
         """Absolute path where `ref` was taken (it may have moved or gone since)."""
@@ -264,8 +213,11 @@ class Mount:
 
     # -- files ----------------------------------------------------------------
 
-    def write(self, path: str | os.PathLike[str], data: bytes | str) -> FileRef:
-        """Write `data` to `path` (creating parent dirs) and return its FileRef.
+    def write(self, path: str | os.PathLike[str], data: bytes | str, *,
+              ref: bool = True) -> FileRef | None:
+        """Write `data` to `path` (creating parent dirs) and return its FileRef
+        (with `ref=False`, None: no request to the daemon at all, the mount
+        answers everything).
 
         The path is resolved and used in one step beneath the mount root
         (see `open_file`): a directory swapped for a symlink to the outside
@@ -290,10 +242,13 @@ class Mount:
                 raise
             raise ValueError(reason) from exc
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise _not_regular(rel)
-            # Truncate only once it is known to be a regular file.
-            os.ftruncate(fd, 0)
+            # Truncate only once it is known to be a regular file (a new one
+            # is empty: no request for it).
+            if st.st_size:
+                os.ftruncate(fd, 0)
             os.set_blocking(fd, True)
             toolcalls.tag(fd, self.client)  # the running tool call, if any, is the author
         except BaseException:
@@ -301,24 +256,38 @@ class Mount:
             raise
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            ino = os.fstat(f.fileno()).st_ino
-        ref = self._ref_written(rel, ino)
-        if ref["hash"] != self.hash_of(data):
+        if not ref:
+            return None
+        taken = self._ref_written(rel, self.volume_ino(st.st_ino))
+        if taken["hash"] != self.hash_of(data):
             raise MountToolError(
-                f"{ref['path']} changed between the write and taking its reference "
+                f"{taken['path']} changed between the write and taking its reference "
                 "(another writer?)"
             )
-        return ref
+        return taken
 
     def _create(self, rel: str, parts: list[bytes]) -> int:
         """An fd open for writing on `rel`, made with its parents, beneath the root."""
+        # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
         with self.root_fd() as root:
+            try:
+                # One step when the parents exist; O_NOFOLLOW: never the last
+                # component's symlink (inside ones on the way are followed).
+                return _confined(lambda: open_beneath(root, b"/".join(parts),
+                                                      flags | os.O_NOFOLLOW, 0o644),
+                                 rel, symlinks_refused=True)
+            except FileNotFoundError:
+                pass  # a parent is missing: made below
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                raise _not_regular(rel) from None
             dir_fd = _confined(lambda: makedirs_beneath(root, b"/".join(parts[:-1])), rel)
             try:
-                # O_NONBLOCK: a FIFO must not block the open (ENXIO without a reader).
                 return _confined(lambda: open_beneath(
-                    dir_fd, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY,
-                    0o644, follow_symlinks=False), rel, symlinks_refused=True)
+                    dir_fd, parts[-1], flags, 0o644, follow_symlinks=False), rel,
+                    symlinks_refused=True)
             except OSError as exc:
                 if exc.errno != errno.ENXIO:
                     raise
@@ -402,12 +371,18 @@ class Mount:
         finally:
             os.close(fd)
 
+    def volume_ino(self, st_ino: int) -> int:
+        """The inode number FileRefs carry for a file whose `stat` shows
+        `st_ino` (the same here; a thread of a Runs translates)."""
+        return st_ino
+
     def ref(self, path: str | os.PathLike[str]) -> FileRef:
         """The current FileRef of the file at `path` (e.g. one a shell tool wrote)."""
         return self._ref_of(self.resolve_path(path))
 
     def _ref_of(self, absolute: Path) -> FileRef:
-        return as_ref(self.client.call("ref", path=mount_relative(self.root, absolute)))
+        return as_ref(self.client.call("ref", path=mount_relative(self.root, absolute,
+                                                                  canonical=True)))
 
     def read(self, ref: Mapping[str, Any]) -> bytes:
         """The content `ref` points at, checked against its hash.
@@ -510,7 +485,7 @@ class Mount:
             return None
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_ino != ref["ino"]:
+            if not stat.S_ISREG(st.st_mode) or self.volume_ino(st.st_ino) != ref["ino"]:
                 return None
             if st.st_size != ref["size"]:
                 return _CHANGED
@@ -520,11 +495,44 @@ class Mount:
 
     def get_step(self) -> int:
         """The daemon's current step."""
-        return int(self.client.call("get_step")["step"])
+        self._step = int(self.client.call("get_step")["step"])
+        return self._step
+
+    def step_hint(self) -> int:
+        """The step this Mount last saw (asked only if it saw none): for what
+        a stale value cannot harm, such as the step a tool call starts at."""
+        return self._step if self._step is not None else self.get_step()
 
     def set_step(self, step: int) -> dict[str, Any]:
         """Advance the daemon's step (>= current) and return its eviction report."""
-        return self.client.call("set_step", step=int(step))
+        report = self.client.call("set_step", step=int(step))
+        self._step = int(report.get("step", step))
+        return report
+
+    def advance_step(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One model turn's start in one round trip (a `batch`): the files
+        changed since the current step (as `changes`), then the step advanced
+        by one, with its eviction report (as `set_step`). The step is the one
+        this Mount last saw, checked by the daemon (`expect`): if it moved
+        meanwhile (a restore elsewhere), it is asked again and nothing was
+        changed."""
+        for _attempt in (1, 2):
+            step = self.step_hint()
+            res = self.client.call("batch", stop_on_error=True, requests=[
+                {"op": "changes", "since": step},
+                {"op": "set_step", "step": step + 1, "expect": step}])
+            answers = res["results"]
+            for answer in answers:
+                if not answer["ok"] and answer["error"]["code"] != "step_moved":
+                    raise ControlError(answer["error"]["code"], answer["error"]["message"])
+            if len(answers) == 2 and answers[1]["ok"]:
+                report = answers[1]["result"]
+                self._step = int(report.get("step", step + 1))
+                return self._rest_of_changes(answers[0]["result"], step), report
+            self._step = None  # it moved: ask, and try again
+        step = self.get_step()
+        changes = self.changes(step)
+        return changes, self.set_step(step + 1)
 
     def evict(self, dry_run: bool = False) -> dict[str, Any]:
         """Run eviction now (or report what it would remove) and return the report."""
@@ -553,7 +561,14 @@ class Mount:
 
     def changes(self, since_step: int) -> dict[str, Any]:
         """Files changed and removed since `since_step`: {"step", "changed", "removed"}."""
-        first = res = self.client.call("changes", since=int(since_step))
+        res = self.client.call("changes", since=int(since_step))
+        if isinstance(res.get("step"), int):
+            self._step = res["step"]
+        return self._rest_of_changes(res, since_step)
+
+    def _rest_of_changes(self, first: dict[str, Any], since_step: int) -> dict[str, Any]:
+        """A `changes` answer with its further pages asked for."""
+        res = first
         changed = [as_ref(r) for r in res.get("changed", [])]
         # The daemon answers a page at a time, so no reply holds its loop long.
         while res.get("next"):
@@ -654,8 +669,12 @@ class Mount:
         if paths is not None:
             return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
                                     paths=self._rel_paths(paths), force=bool(force))
-        return self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
-                                force=bool(force))
+        self._step = None  # back to the snapshot's (asked again if the answer lacks it)
+        res = self.client.call("restore", snapshot=_snapshot_arg(snapshot_id),
+                               force=bool(force))
+        if isinstance(res.get("step"), int):
+            self._step = res["step"]
+        return res
 
     def unevict(self, paths: Iterable[str | os.PathLike[str]] | str, *,
                 force: bool = False) -> dict[str, Any]:
@@ -773,7 +792,7 @@ class Mount:
         config.update(remote_url=url)
         flags = mount_flags({k: v for k, v in config.items() if v is not None})
         self.unmount()
-        proc = _run_vfsd("mount", str(self.run_dir), *flags, "--from", f"{run}@{snapshot_id}")
+        proc = vfsd_command("mount", str(self.run_dir), *flags, "--from", f"{run}@{snapshot_id}")
         if proc.returncode != 0:
             raise MountError(f"vfsd mount {self.run_dir} --from {run}@{snapshot_id} exited "
                              f"{proc.returncode}: {(proc.stderr or proc.stdout).strip()}")

@@ -4,6 +4,8 @@
 # Safe to run again; it does nothing that is already done.
 #
 #   scripts/setup.sh demo   what `make demo` needs: FUSE, the sandbox, the venv
+#   scripts/setup.sh serve  what `make serve` needs: the demo's, LangGraph's server
+#                           and the example (examples/langgraph-server) installed
 #   scripts/setup.sh        what `make test` needs too (the default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +22,9 @@ DEMO_PACKAGES=(fuse3 libfuse3-dev pkg-config attr python3-venv python3-dev gcc b
 TEST_PACKAGES=(postgresql systemd python-is-python3 git make rsync chromium fonts-dejavu-core)
 case "$MODE" in
     demo) APT_PACKAGES=("${DEMO_PACKAGES[@]}"); EXTRAS="${VFSD_EXTRAS:-agents}" ;;
-    test) APT_PACKAGES=("${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}"); EXTRAS="${VFSD_EXTRAS:-dev,agents}" ;;
-    *) echo "usage: scripts/setup.sh [demo|test]" >&2; exit 2 ;;
+    serve) APT_PACKAGES=("${DEMO_PACKAGES[@]}"); EXTRAS="${VFSD_EXTRAS:-agents,server}" ;;
+    test) APT_PACKAGES=("${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}"); EXTRAS="${VFSD_EXTRAS:-dev,agents,server}" ;;
+    *) echo "usage: scripts/setup.sh [demo|serve|test]" >&2; exit 2 ;;
 esac
 
 missing=()
@@ -38,12 +41,16 @@ fi
 
 PY="${PYTHON:-python3}"
 stamp=.venv/.vfsd-installed
-# What the venv was made from: the pins and this script.
-made_from="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+EXAMPLE=examples/langgraph-server
+# What the venv was made from: the pins, the example's and this script.
+made_from="$(cat pyproject.toml "$EXAMPLE/pyproject.toml" scripts/setup.sh | sha256sum | cut -c1-16)"
 want="$made_from-$EXTRAS"
 have="$(cat "$stamp" 2>/dev/null || true)"
-# A venv made for the tests serves the demo as it is.
-if [ "$MODE" = demo ] && [ "$have" = "$made_from-dev,agents" ]; then
+# A venv made for the tests serves the demo and the server as it is, and one
+# made for the server serves the demo.
+if { [ "$MODE" = demo ] || [ "$MODE" = serve ]; } && [ "$have" = "$made_from-dev,agents,server" ]; then
+    want="$have"
+elif [ "$MODE" = demo ] && [ "$have" = "$made_from-agents,server" ]; then
     want="$have"
 fi
 if [ ! -x .venv/bin/python ] || [ "$have" != "$want" ]; then
@@ -52,6 +59,11 @@ if [ ! -x .venv/bin/python ] || [ "$have" != "$want" ]; then
     .venv/bin/python -m pip install -q --upgrade "pip==25.3" 2>&1 | grep -v "^WARNING: Location" || true
     .venv/bin/python -m pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
     .venv/bin/python -c "import pyfuse3, trio, lmdb, xxhash"
+    if [ "$MODE" != demo ]; then
+        # The example by module name (its langgraph.json), from any working directory.
+        .venv/bin/python -m pip install -q --no-deps -e "$EXAMPLE" 2>&1 | grep -v "^WARNING: Location" || true
+        .venv/bin/python -c "import vfsd_server_example"
+    fi
     if [ "$MODE" = test ]; then
         # Wheels of vfsd's runtime dependencies, so tests/test_install.py installs
         # the built wheel into a fresh venv offline (--no-index --find-links).

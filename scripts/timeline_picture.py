@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import mount_tool  # noqa: E402
-from mount_tool import toolcalls  # noqa: E402
+from mount_tool.daemon import toolcalls  # noqa: E402
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",

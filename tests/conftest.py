@@ -82,6 +82,33 @@ def open_files_under(root: Path) -> list[str]:
     return held
 
 
+def daemons_under(root: Path) -> list[int]:
+    """The processes (other than this one) holding a store under `root` open:
+    the vfsd daemons serving it, found by their LMDB files (not by their
+    titles, which name what they serve: tests/test_proctitle.py)."""
+    prefix = os.path.realpath(root) + "/"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            targets = [os.readlink(f"/proc/{name}/fd/{fd}") for fd in os.listdir(f"/proc/{name}/fd")]
+        except OSError:
+            continue
+        if any(t.startswith(prefix) and "/lmdb/" in t for t in targets):
+            found.append(int(name))
+    return sorted(found)
+
+
+def mounts_under(root: Path) -> list[str]:
+    """Mount points under `root` in this mount namespace, sorted."""
+    prefix = os.fsencode(os.path.realpath(root)) + b"/"
+    with open("/proc/self/mountinfo", "rb") as f:
+        targets = [re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]),
+                          line.split(b" ")[4]) for line in f]
+    return sorted(os.fsdecode(t) for t in targets if t.startswith(prefix))
+
+
 def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
     """Poll until `predicate()` holds (the kernel sends release/forget
     asynchronously); AssertionError naming `what` after `timeout` seconds."""

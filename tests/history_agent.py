@@ -5,9 +5,11 @@ model turn, so a test knows what every checkpoint's files must be:
 
 - a plan (`plan_message(tag, ops)`): `ops` are `write`/`edit` (the file
   tools), `sh` (one `execute` whose command is built from file effects:
-  put, append, rm, mkdir, rmtree), `task` (a subagent that carries out a
-  plan of its own) and `ask` (a tool that waits at an `interrupt()`; resume
-  with `Command(resume=...)`). Tool call ids are `<tag>-<i>`.
+  put, append, rm, mkdir, rmtree, and `sleep`, which has none), `task` (a
+  subagent that carries out a plan of its own), `ask` (a tool that waits at
+  an `interrupt()`; resume with `Command(resume=...)`) and `par` (several of
+  these in one model turn: tool calls run in parallel, as one step). Tool
+  call ids are `<tag>-<i>` (`<tag>-<i>.<j>` in a `par`).
 - `VERIFY`: one `execute` that lists every file under /work with its
   checksum (`history_check.LIST_COMMAND`), then "listed".
 
@@ -17,7 +19,8 @@ checkpoint lists.
 
 As the server's graph module (`langgraph.json` names `agent` and
 `checkpointer`): VFSD_RUNS is the root of the threads' run dirs, VFSD_POSTGRES
-a PostgreSQL connection string (AsyncPostgresSaver; else InMemorySaver).
+a PostgreSQL connection string (AsyncPostgresSaver; else InMemorySaver), and
+VFSD_REMOTE a bucket the server is one replica of (`replica_options`).
 """
 
 from __future__ import annotations
@@ -53,8 +56,10 @@ def plan_message(tag: str, ops: list[Any]) -> str:
 
 
 def tool_call_of(op: Any) -> list[Any]:
-    """[tool name, args] of one op."""
+    """[tool name, args] of one op (["par", [[name, args], ...]] for a `par`)."""
     kind = op[0]
+    if kind == "par":
+        return ["par", [tool_call_of(sub) for sub in op[1]]]
     if kind == "write":
         return ["write_file", {"file_path": "/" + op[1], "content": op[2]}]
     if kind == "edit":
@@ -73,7 +78,11 @@ def command_of(effects: list[tuple[str, ...]]) -> str:
     """A shell command that has `effects` on /work."""
     parts = []
     for effect in effects:
-        kind, path = effect[0], "/" + effect[1]
+        kind = effect[0]
+        if kind == "sleep":  # ("sleep", seconds): a step that takes a while
+            parts.append(f"sleep {float(effect[1]):g}")
+            continue
+        path = "/" + effect[1]
         if kind == "put":
             parts.append(f"printf %s {shlex.quote(effect[2])} > {path}")
         elif kind == "append":
@@ -91,7 +100,13 @@ def command_of(effects: list[tuple[str, ...]]) -> str:
 
 def effects_of(tag: str, ops: list[Any]) -> dict[str, Any]:
     """{tool call id: op} for a plan (what `apply` needs to replay it)."""
-    return {f"{tag}-{i}": op for i, op in enumerate(ops)}
+    out = {}
+    for i, op in enumerate(ops):
+        if op[0] == "par":
+            out.update({f"{tag}-{i}.{j}": sub for j, sub in enumerate(op[1])})
+        else:
+            out[f"{tag}-{i}"] = op
+    return out
 
 
 def apply(files: dict[str, str], op: Any) -> None:
@@ -108,12 +123,17 @@ def apply(files: dict[str, str], op: Any) -> None:
     elif kind == "task":
         for sub in op[2]:
             apply(files, sub)
+    elif kind == "par":
+        for sub in op[1]:
+            apply(files, sub)
     elif kind != "ask":
         raise ValueError(f"unknown op {op!r}")
 
 
 def _effect(files: dict[str, str], effect: tuple[str, ...]) -> None:
     kind, path = effect[0], effect[1]
+    if kind == "sleep":
+        return
     if kind == "put":
         files[path] = effect[2]
     elif kind == "append":
@@ -148,10 +168,16 @@ def scripted_turn(messages: list) -> AIMessage:
                                           "id": f"verify-{len(messages)}"}])
     plan = json.loads(text)
     calls = plan["calls"]
-    if done < len(calls):
-        name, args = calls[done]
-        return AIMessage("", tool_calls=[{"name": name, "args": args,
-                                          "id": f"{plan['plan']}-{done}"}])
+    # The model's turns so far (a `par` turn has several tool results).
+    turns = sum(1 for m in messages[last_human:] if isinstance(m, AIMessage) and m.tool_calls)
+    if turns < len(calls):
+        name, args = calls[turns]
+        tag = f"{plan['plan']}-{turns}"
+        if name == "par":
+            return AIMessage("", tool_calls=[{"name": sub_name, "args": sub_args,
+                                              "id": f"{tag}.{j}"}
+                                             for j, (sub_name, sub_args) in enumerate(args)])
+        return AIMessage("", tool_calls=[{"name": name, "args": args, "id": tag}])
     return AIMessage(f"{plan['plan']}: done")
 
 
@@ -171,11 +197,27 @@ def make_agent(runs: Any, **kwargs: Any) -> Any:
 
 # -- as the server's graph module ------------------------------------------------------------
 
+
+def replica_options() -> dict[str, Any]:
+    """A Runs' options for one replica of VFSD_REMOTE (s3://BUCKET/PREFIX),
+    with the lease's TTL and a run's wait for it from VFSD_LEASE_TTL and
+    VFSD_LEASE_WAIT (seconds); {} without VFSD_REMOTE."""
+    if not os.environ.get("VFSD_REMOTE"):
+        return {}
+    options: dict[str, Any] = {"remote": os.environ["VFSD_REMOTE"]}
+    if os.environ.get("VFSD_LEASE_TTL"):
+        options["remote_lease_ttl"] = float(os.environ["VFSD_LEASE_TTL"])
+    if os.environ.get("VFSD_LEASE_WAIT"):
+        options["remote_lease_wait"] = float(os.environ["VFSD_LEASE_WAIT"])
+    return options
+
+
 if os.environ.get("VFSD_RUNS"):
     import mount_tool
-    from mount_tool.checkpointer import VfsdCheckpointer
+    from mount_tool.langgraph import VfsdCheckpointer
 
-    runs = mount_tool.runs(Path(os.environ["VFSD_RUNS"]), max_mounted=64, **MOUNT_OPTIONS)
+    runs = mount_tool.runs(Path(os.environ["VFSD_RUNS"]), max_mounted=64, **MOUNT_OPTIONS,
+                           **replica_options())
     agent = make_agent(runs)
 
     @contextlib.asynccontextmanager

@@ -1,5 +1,5 @@
 """`langgraph dev` for tests: one server on a free 127.0.0.1 port, stopped (and its
-run dirs unmounted) on the way out.
+shards unmounted) on the way out.
 
 Started without `--allow-blocking`, so the server fails any call that blocks its
 event loop (the tests look for BLOCKING in its log).
@@ -29,7 +29,7 @@ def free_port() -> int:
 def langgraph_dev(app: Path, runs_root: Path, log: Path, *, env: dict[str, str] | None = None,
                   jobs: int | None = None) -> Iterator[str]:
     """The URL of a `langgraph dev` serving `app/langgraph.json`, its threads'
-    run dirs under `runs_root` (VFSD_RUNS)."""
+    files under `runs_root` (VFSD_RUNS)."""
     port = free_port()
     environ = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false",
                "VFSD_RUNS": str(runs_root), **(env or {})}
@@ -52,8 +52,8 @@ def langgraph_dev(app: Path, runs_root: Path, log: Path, *, env: dict[str, str] 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        # The server unmounts its run dirs on the way out; a killed one would not.
-        for fs in runs_root.glob("threads/*/fs"):
+        # The server unmounts its shards on the way out; a killed one would not.
+        for fs in runs_root.glob("shards/*/fs"):
             subprocess.run(["fusermount3", "-u", "-z", str(fs)], capture_output=True)
 
 

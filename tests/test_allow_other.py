@@ -114,7 +114,7 @@ def test_a_second_user_gets_what_posix_permissions_allow(other_user):
                 snap = m.snapshot(label="before the visit")["id"]
                 before = tree(m.root)
             runs.get("bob")
-            run = runs.run_dir("alice")
+            run, shard = runs.run_dir("alice"), m.shard.run_dir
             fs, snaps, attr = run / "fs", run / "fs/.vfsd/snapshots" / snap, run / "fs/.vfsd/attr"
             got = as_other(other_user, {
                 "public": ("read", fs / "public.txt"),
@@ -134,9 +134,10 @@ def test_a_second_user_gets_what_posix_permissions_allow(other_user):
                 "status": ("open", fs / ".vfsd/status.json"),
                 "evicted log": ("open", fs / ".vfsd/evicted.ndjson"),
                 "access log": ("open", fs / ".vfsd/accesslog"),
-                "control socket": ("connect", run / ".vfsd/vfsd.sock"),
+                "control socket": ("connect", shard / ".vfsd/vfsd.sock"),
                 "state dir": ("list", run / ".vfsd"),
-                "store": ("list", runs.root / "store"),
+                "shard's state dir": ("list", shard / ".vfsd"),
+                "store": ("list", shard / ".vfsd/lmdb"),
                 "thread record": ("read", run / "thread.json"),
                 "other thread": ("read", runs.run_dir("bob") / "thread.json"),
             })
@@ -160,6 +161,7 @@ def test_a_second_user_gets_what_posix_permissions_allow(other_user):
                 "access log": "EACCES",
                 "control socket": "EACCES",
                 "state dir": "EACCES",
+                "shard's state dir": "EACCES",
                 "store": "EACCES",
                 "thread record": "EACCES",
                 "other thread": "EACCES",

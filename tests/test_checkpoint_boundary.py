@@ -138,7 +138,7 @@ def test_a_graph_without_a_boundary_channel_behind_the_adapter_is_unbound_not_gu
     async def history() -> list:
         return [s async for s in app.aget_state_history(config)]
 
-    with caplog.at_level(logging.WARNING, logger="mount_tool.threadfiles"):
+    with caplog.at_level(logging.WARNING, logger="mount_tool.langgraph.threadfiles"):
         asyncio.run(app.ainvoke({"log": []}, config))
     states = asyncio.run(history())
     by_step = {s.metadata["step"]: s for s in states}

@@ -47,7 +47,7 @@ from langgraph.types import Command  # noqa: E402
 from pgserver import pg_server  # noqa: E402, F401 - the fixture
 
 import mount_tool  # noqa: E402
-from mount_tool.checkpointer import VfsdCheckpointer  # noqa: E402
+from mount_tool.langgraph import VfsdCheckpointer  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 

@@ -289,7 +289,7 @@ def test_beyond_retention_says_which_files_cannot_come_back(tmp_path, caplog):
 
         # Asked to, the run goes on with the live files, and says so.
         keep = build(m).compile(checkpointer=VfsdCheckpointer(saver, m, on_missing="keep"))
-        with caplog.at_level(logging.WARNING, logger="mount_tool.checkpointer"):
+        with caplog.at_level(logging.WARNING, logger="mount_tool.langgraph.checkpointer"):
             replay = keep.invoke(None, past.config)
         assert replay["seen"][2] == "2:a=v3;ls=a.txt,b.txt"
         assert any(gone in rec.getMessage() for rec in caplog.records)
@@ -529,7 +529,7 @@ def test_middleware_warns_when_the_checkpointer_is_not_wrapped(run_factory, capl
         middleware=[VfsdMiddleware(m)],
         checkpointer=saver,
     )
-    with caplog.at_level(logging.WARNING, logger="mount_tool.checkpointer"):
+    with caplog.at_level(logging.WARNING, logger="mount_tool.langgraph.checkpointer"):
         agent.invoke({"messages": [HumanMessage("go")]}, thread())
     assert any("VfsdCheckpointer(saver, mount)" in r.getMessage() for r in caplog.records)
     m.detach()

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
 KiB = 1024
 MiB = 1024 * KiB
-#: the workload of the issue; the README quotes the sizes it gives
+#: the workload of the issue; docs/troubleshooting.md quotes the sizes it gives
 WORKLOAD_BYTES = 150 * MiB
 FILE_SIZE = 48 * KiB  # inline: every byte of it lives in LMDB
 

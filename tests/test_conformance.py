@@ -1,6 +1,7 @@
 """LangGraph's checkpointer conformance suite (langgraph-checkpoint-conformance)
-against VfsdCheckpointer on a Runs, over InMemorySaver and over AsyncPostgresSaver
-on a PostgreSQL server started here.
+against VfsdCheckpointer on a Runs, over InMemorySaver, over PrunableSqliteSaver
+(LangGraph's AsyncSqliteSaver with prune and delete_for_runs added) on a SQLite
+file, and over AsyncPostgresSaver on a PostgreSQL server started here.
 
 The contract: every capability the bare saver passes, the wrapper passes; every
 capability the wrapper claims (the suite detects one by the method being
@@ -27,7 +28,7 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from pgserver import pg_server  # noqa: E402, F401 - the fixture
 
 import mount_tool  # noqa: E402
-from mount_tool.checkpointer import VfsdCheckpointer  # noqa: E402
+from mount_tool.langgraph import VfsdCheckpointer  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
@@ -52,6 +53,20 @@ def saver_factory(kind: str, request):
             yield InMemorySaver()
 
         return memory
+    if kind == "sqlite":
+        pytest.importorskip("langgraph.checkpoint.sqlite")
+        from mount_tool.langgraph.sqlite import PrunableSqliteSaver
+
+        files = iter(range(1_000_000))
+
+        @contextlib.asynccontextmanager
+        async def sqlite():
+            path = request.getfixturevalue("tmp_path") / f"checkpoints-{next(files)}.sqlite"
+            async with PrunableSqliteSaver.from_conn_string(str(path)) as saver:
+                await saver.setup()
+                yield saver
+
+        return sqlite
     pytest.importorskip("psycopg")
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from psycopg import AsyncConnection
@@ -77,7 +92,7 @@ def outcome(report) -> dict[str, tuple[bool, bool | None, list[str]]]:
             for cap, r in report.results.items()}
 
 
-@pytest.mark.parametrize("kind", ["memory", "postgres"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
 @pytest.mark.parametrize("wrapper", [VfsdCheckpointer] + ([EveryThreadMounted] if LONG else []),
                          ids=lambda w: w.__name__)
 def test_conformance(kind, wrapper, request, tmp_path):
@@ -109,17 +124,35 @@ def test_conformance(kind, wrapper, request, tmp_path):
     assert ours["copy_thread"][:2] == (True, True)  # on every saver
     assert {cap for cap, r in ours.items() if r[0]} >= {"put", "put_writes", "get_tuple", "list",
                                                          "delete_thread"}
+    if kind == "sqlite":  # what the subclass adds, claimed and passed through the wrapper
+        assert ours["prune"][:2] == (True, True) and ours["delete_for_runs"][:2] == (True, True)
 
 
-def test_prune_releases_the_snapshots_of_dropped_checkpoints(request, tmp_path):
+def test_langgraph_sqlite_saver_lacks_what_the_subclass_adds():
+    """The reason for PrunableSqliteSaver: LangGraph's own AsyncSqliteSaver has no
+    prune and no delete_for_runs (the server then warns), so a wrapper of it
+    claims neither."""
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    from mount_tool.langgraph.sqlite import PrunableSqliteSaver
+
+    for name in ("aprune", "adelete_for_runs"):
+        assert getattr(AsyncSqliteSaver, name) is getattr(BaseCheckpointSaver, name)
+        assert getattr(PrunableSqliteSaver, name) is not getattr(BaseCheckpointSaver, name)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_prune_releases_the_snapshots_of_dropped_checkpoints(kind, request, tmp_path):
     from test_runs import loop_graph
 
-    postgres = saver_factory("postgres", request)
+    bare_saver = saver_factory(kind, request)
 
     async def main():
-        async with postgres() as inner, mount_tool.runs(tmp_path / "runs") as runs:
+        async with bare_saver() as inner, mount_tool.runs(tmp_path / "runs") as runs:
             saver = VfsdCheckpointer(inner, runs)
-            assert hasattr(type(saver), "aprune")  # AsyncPostgresSaver has it, so we do
+            assert hasattr(type(saver), "aprune")  # the saver has it, so we do
             app = loop_graph(runs, 6).compile(checkpointer=saver)
             config = {"configurable": {"thread_id": "pruned"}}
             await app.ainvoke({}, config)

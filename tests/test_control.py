@@ -371,6 +371,23 @@ def test_oversized_line_gets_too_large_and_a_closed_connection(run) -> None:
             assert reply["ok"] is True
 
 
+def test_set_step_expecting_a_step_refuses_one_that_moved(run) -> None:
+    """`expect`: a client advancing the step it last saw (one round trip with
+    the changes, in a batch) learns that it moved meanwhile; nothing changes."""
+    with connect(run.run_dir) as c:
+        c.call("set_step", step=3)
+        err = c.error("set_step", step=3, expect=2)
+        assert err["code"] == "step_moved" and "is 3, not 2" in err["message"]
+        assert c.call("get_step") == {"step": 3}
+        assert c.call("set_step", step=4, expect=3)["step"] == 4
+        res = c.call("batch", stop_on_error=True, requests=[
+            {"op": "changes", "since": 9}, {"op": "set_step", "step": 10, "expect": 9}])
+        assert [r["ok"] for r in res["results"]] == [True, False]
+        assert res["results"][1]["error"]["code"] == "step_moved"
+        assert c.call("get_step") == {"step": 4}
+        assert c.error("set_step", step=5, expect="4")["code"] == "bad_request"
+
+
 def test_wrong_argument_types(run) -> None:
     with survivors(run), connect(run.run_dir) as c:
         for step in ("5", True, False, -1, 1.5, None, [3], {"n": 3}):
@@ -690,7 +707,7 @@ def test_idle_connections_do_not_lock_out_the_control_plane(run) -> None:
     """64 connections that send nothing: clients still get in, mount_tool's
     persistent client and the vfsd CLI alike."""
     import mount_tool
-    from mount_tool.client import ControlClient
+    from mount_tool.daemon.client import ControlClient
 
     idle = [connect(run.run_dir) for _ in range(64)]
     try:
@@ -726,7 +743,7 @@ def read_until_closed(sock: socket.socket, limit_s: float = 30.0) -> int:
 
 
 def test_idle_timeout_closes_silent_stalled_and_unread_connections(short_idle) -> None:
-    from mount_tool.client import ControlClient
+    from mount_tool.daemon.client import ControlClient
 
     run = short_idle
     silent, stalled, unread = (connect(run.run_dir) for _ in range(3))
@@ -757,7 +774,7 @@ def test_saturated_daemon_gives_a_clear_error(run) -> None:
     """Every slot is busy sending a reply that its client does not read: a new
     client is told so, in words, instead of `reply id None != 2`."""
     import mount_tool
-    from mount_tool.client import ControlClient
+    from mount_tool.daemon.client import ControlClient
 
     stuck = []
     try:

@@ -30,14 +30,14 @@ from remote_run import FAST, use_server
 from s3server import s3_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.fuse
-SERVER = Path(__file__).resolve().parent.parent / "vfsd" / "control" / "server.py"
+CONTROL = Path(__file__).resolve().parent.parent / "vfsd" / "control"
 LONG = os.environ.get("VFSD_LONG") == "1"
 
 
 def argument_names() -> list[str]:
-    """Every request argument the control server reads (from its source)."""
-    src = SERVER.read_text()
-    names = set(re.findall(r'_arg\(\w+, "(\w+)"', src)) | set(re.findall(r'req\.get\("(\w+)"', src))
+    """Every request argument the control ops read (from their source)."""
+    src = "".join(p.read_text() for p in sorted(CONTROL.glob("*.py")))
+    names = set(re.findall(r'\barg\(\w+, "(\w+)"', src)) | set(re.findall(r'req\.get\("(\w+)"', src))
     names |= set(re.findall(r'"(\w+)" in req\b', src))
     return sorted(names - {"op", "id"})
 

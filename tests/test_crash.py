@@ -461,3 +461,70 @@ def test_durability_sync_keeps_an_empty_file_close_returned_inside_the_commit_wi
         assert (root / name).exists() and (root / name).stat().st_size == 0, name
     assert (root / "d/full").read_bytes() == b"written\n"
     run.umount()
+
+
+# -- a shard serving several threads (mount_tool.runs) --------------------------------
+
+SHARD_ROUNDS = 40 if LONG else 4
+SHARD_THREADS = 3
+
+
+def kill_pid(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+                break
+        except (FileNotFoundError, IndexError):
+            break
+        time.sleep(0.01)
+
+
+def test_sigkill_rounds_on_a_shard_serving_several_threads(tmp_path: Path):
+    """The SIGKILL rounds against one shard daemon serving three threads of a
+    Runs, a writer in each thread's directory at once: the next use of a
+    thread starts the shard again (its dead mount removed), and every file
+    each writer knew durable reads back in its own thread, nowhere else."""
+    import mount_tool
+
+    rng = random.Random(int(os.environ.get("VFSD_CRASH_SEED", "4321")))
+    threads = [f"crash-{i}" for i in range(SHARD_THREADS)]
+    logs: dict[str, list[tuple[str, Path]]] = {t: [] for t in threads}
+    checked = 0
+    with mount_tool.runs(tmp_path / "runs", shards=1, chunk_size=256 * KiB,
+                         inline_max=16 * KiB) as runs:
+        for rnd in range(SHARD_ROUNDS):
+            writers = []
+            for t in threads:
+                with runs.use(t) as m:  # the first use after a kill starts the shard again
+                    for sub, log_path in logs[t][-2:]:
+                        checked += check_round(m.root, sub, log_path)
+                    read_everything(m.root)
+                    sub, log_path = f"r{rnd:03d}", tmp_path / f"{t}-r{rnd:03d}.log"
+                    logs[t].append((sub, log_path))
+                    writers.append(subprocess.Popen(
+                        [sys.executable, "-c", WRITER, str(m.root), sub, str(log_path),
+                         str(rng.randrange(1 << 30)), "fsync"], stderr=subprocess.PIPE))
+            for w, t in zip(writers, threads, strict=True):
+                wait_until_started(w, logs[t][-1][1])
+            time.sleep(rng.uniform(0.1, 0.9))
+            [shard] = runs.shards()
+            kill_pid(shard["pid"])
+            for w in writers:
+                try:
+                    _, err = w.communicate(timeout=20)
+                except subprocess.TimeoutExpired:
+                    w.kill()
+                    pytest.fail(f"round {rnd}: a writer hung after the shard was killed")
+                assert w.returncode == 0, f"round {rnd}: {err.decode()[-2000:]}"
+        for t in threads:
+            with runs.use(t) as m:
+                for sub, log_path in logs[t]:
+                    checked += check_round(m.root, sub, log_path)
+                # Each thread holds its own writers' directories only.
+                assert sorted(os.listdir(m.root)) == [sub for sub, _ in logs[t]]
+        assert runs.shards()[0]["starts"] == SHARD_ROUNDS + 1
+        log = (runs.root / "shards" / "0" / ".vfsd" / "vfsd.log").read_text()
+    assert log.count("stale_mount_cleaned") == SHARD_ROUNDS
+    assert checked > SHARD_ROUNDS * SHARD_THREADS * 3, f"only {checked} durable facts checked"

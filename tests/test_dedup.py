@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import vfsd_cli
 from pagecache import drop_page_cache
 
 pytestmark = pytest.mark.fuse
@@ -167,3 +168,28 @@ def test_dedup_across_run_dirs_sharing_a_store(run_factory, tmp_path):
     # The shared store keeps the chunk across a remount of the run still using it.
     second.remount()
     assert (second.root / "copy.bin").read_bytes() == data
+
+
+def test_stored_over_logical_reads_as_people_expect(run, run_factory, tmp_path):
+    """`vfsd status` said "dedup ratio 2.00x" (logical / stored) for a store
+    holding half of what its files hold, and for a volume of a shared store
+    divided its own bytes by everyone's. Now: stored / logical, and what dedup
+    saved; no ratio where the store's bytes are not this volume's alone."""
+    data = random_bytes(8 * MiB, seed=7)
+    (tmp_path / "src").write_bytes(data)
+    sh(f"cp '{tmp_path}/src' a && cp a b", run.root)
+    st = run.status()
+    assert "dedup_ratio" not in st
+    assert st["store_volumes"] == 1
+    assert st["stored_ratio"] == round(st["stored_bytes"] / st["logical_bytes"], 3)
+    assert 0.5 <= st["stored_ratio"] <= 0.51, st
+    text = vfsd_cli("status", run.run_dir).stdout
+    assert "stored / logical     0.50 (saved 50%)" in text, text
+    # A second run dir on the same store: the stored bytes are both runs'.
+    other = run_factory("other", "--store", str(run.state_dir))
+    (other.root / "c").write_bytes(data)
+    shared = run.status()
+    assert shared["store_volumes"] == 2 and shared["stored_ratio"] is None
+    text = vfsd_cli("status", run.run_dir).stdout
+    assert "(the whole store: 2 volumes)" in text
+    assert "- (the store holds 2 volumes: its stored size is theirs together)" in text

@@ -395,7 +395,8 @@ def test_subagent_runs_vfsd_middleware(mnt):
 
 
 def test_declared_subagents_get_the_middleware_unless_they_have_it(mnt):
-    from mount_tool.deepagents import VfsdMiddleware, _with_vfsd_middleware
+    from mount_tool.deepagents import VfsdMiddleware
+    from mount_tool.deepagents.agent import _with_vfsd_middleware
 
     made = []
 

@@ -7,8 +7,9 @@ a 4,000-token window, so every turn summarizes (its summary calls are
 answered by the model, never from the script). On a Runs with max_age_steps
 3, after many more steps and several eviction passes, `read_file` of the
 record returns every message summarization took out, in this process and in
-a new one that carries the thread on (a new Runs on the same root, the
-conversation in PostgreSQL). Also: the built-in rules in `vfsd status` and how
+a new one that carries the thread on (a new Runs on the same root, or
+another replica: a Runs on a root of its own sharing a bucket with the
+first; the conversation in PostgreSQL). Also: the built-in rules in `vfsd status` and how
 a user's rule overrides them; a quota that would have to evict a record
 refuses the write instead, saying why; a session id and a thread id made of
 hostile characters keep the record inside the thread's own tree; an evicted
@@ -35,13 +36,15 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from pgserver import pg_server  # noqa: E402, F401 - the fixture
+from remote_run import use_server  # noqa: E402
+from s3server import s3_server  # noqa: E402, F401 - the fixture
 from test_deepagents import ScriptedChatModel, tool_call, turn  # noqa: E402
 
 import mount_tool  # noqa: E402
+from mount_tool.daemon.spawn import mount_flags  # noqa: E402
 from mount_tool.deepagents import VfsdBackend, create_vfsd_deep_agent  # noqa: E402
-from mount_tool.evictnotes import turn_note  # noqa: E402
-from mount_tool.mount import mount_flags  # noqa: E402
-from mount_tool.records import literal_name, record_path  # noqa: E402
+from mount_tool.deepagents.evictnotes import turn_note  # noqa: E402
+from mount_tool.deepagents.records import literal_name, record_path  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
 
@@ -49,6 +52,9 @@ TESTS = Path(__file__).parent
 #: every thread's mount: files leave 3 steps after their last use
 RUN_OPTIONS = {"max_age_steps": 3}
 KiB = 1 << 10
+#: a replica's options besides its bucket (a short lease: nothing here waits for one)
+REPLICA_OPTIONS = {"remote_lease_ttl": 5, "remote_retry_base_delay": 0.05,
+                   "remote_retry_max_delay": 0.5}
 #: the context window of a model that reads a whole record back
 READER = 200_000
 
@@ -115,11 +121,12 @@ def _read_back(history: list, call_id: str) -> tuple[str, list[str]]:
 
 
 def converse(root: str, thread: str, dsn: str, mode: str, tag: str, writes: int,
-             passes: int) -> dict[str, Any]:
-    """One process's share of a thread: a Runs on `root`, a deep agent with a
-    PostgreSQL saver (sync or async `mode`) running `writes` summarizing
-    turns, then `passes` eviction passes of 2 steps each, then a turn that
-    reads the record back. Returns what it saw (JSON)."""
+             passes: int, remote: str | None = None) -> dict[str, Any]:
+    """One process's share of a thread: a Runs on `root` (one replica of
+    `remote`, a bucket, when given), a deep agent with a PostgreSQL saver
+    (sync or async `mode`) running `writes` summarizing turns, then `passes`
+    eviction passes of 2 steps each, then a turn that reads the record back.
+    Returns what it saw (JSON)."""
     import psycopg
     from psycopg.rows import dict_row
 
@@ -132,13 +139,14 @@ def converse(root: str, thread: str, dsn: str, mode: str, tag: str, writes: int,
                 AIMessage("read")]
 
     def after_writes(runs) -> list[str]:
-        with runs.use(thread) as m:
+        with runs.hold(thread) as m:  # outside a graph run: held as one (with a remote)
             evicted = []
             for _ in range(passes):
                 evicted += [r["path"] for r in m.set_step(m.get_step() + 2)["evicted"]]
         return evicted
 
-    with mount_tool.runs(root, **RUN_OPTIONS) as runs:
+    replica = {"remote": remote, **REPLICA_OPTIONS} if remote else {}
+    with mount_tool.runs(root, **RUN_OPTIONS, **replica) as runs:
         if mode == "sync":
             from langgraph.checkpoint.postgres import PostgresSaver
 
@@ -176,7 +184,7 @@ def converse(root: str, thread: str, dsn: str, mode: str, tag: str, writes: int,
                     return model, path, evicted, *_read_back(history, read_id)
 
             model, path, evicted, content, expected = asyncio.run(run())
-        with runs.use(thread) as m:
+        with runs.hold(thread) as m:
             records_evicted = [r["path"] for r in m.evicted(10_000)
                                if r["path"].startswith("conversation_history/")]
     return {"path": path, "summaries": model.summaries, "evicted": evicted,
@@ -187,15 +195,26 @@ CARRY_ON = """
 import json, sys
 sys.path.insert(0, {tests!r})
 from test_deepagents_records import converse
-print(json.dumps(converse({root!r}, {thread!r}, {dsn!r}, {mode!r}, "b", 6, 8)))
+print(json.dumps(converse({root!r}, {thread!r}, {dsn!r}, {mode!r}, "b", 6, 8, {remote!r})))
 """
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_summarized_history_survives_eviction_and_a_new_process(tmp_path, request, mode):
+@pytest.mark.parametrize("mode,where", [("sync", "process"), ("async", "process"),
+                                        ("async", "replica")])
+def test_summarized_history_survives_eviction_and_a_new_process(tmp_path, request, mode,
+                                                                 where):
+    """The thread's run moves to a new process: a new Runs on the same root
+    ("process"), or another replica, a Runs on a root of its own sharing a
+    bucket with the first ("replica": what the first wrote reaches it through
+    the saver and the bucket only)."""
     dsn = request.getfixturevalue("pg_server").dsn
-    root, thread = str(tmp_path / "runs"), f"summarize-{mode}"
-    here = converse(root, thread, dsn, mode, "a", 10, 10)
+    root, thread = str(tmp_path / "runs"), f"summarize-{mode}-{where}"
+    remote = other_root = None
+    if where == "replica":
+        server = request.getfixturevalue("s3_server")
+        use_server(server, request.getfixturevalue("monkeypatch"))
+        remote, other_root = server.unique_url("records"), str(tmp_path / "replica-b")
+    here = converse(root, thread, dsn, mode, "a", 10, 10, remote)
     assert here["summaries"] >= 5, here["summaries"]  # summarization really fired
     session = Path(here["path"]).name
     assert here["path"] == f"/conversation_history/{session}" and session.startswith("session_")
@@ -208,10 +227,11 @@ def test_summarized_history_survives_eviction_and_a_new_process(tmp_path, reques
     assert not missing, missing[:3]
     assert "a-marker-000" in here["read"]
 
-    # The thread's run moves to a new process: a new Runs on the same root.
+    # The thread's run moves to a new process (on the same root, or another replica's).
     proc = subprocess.run(
-        [sys.executable, "-c", CARRY_ON.format(tests=str(TESTS), root=root, thread=thread,
-                                               dsn=dsn, mode=mode)],
+        [sys.executable, "-c", CARRY_ON.format(tests=str(TESTS), root=other_root or root,
+                                               thread=thread, dsn=dsn, mode=mode,
+                                               remote=remote)],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     there = json.loads(proc.stdout.strip().splitlines()[-1])

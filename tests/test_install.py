@@ -41,10 +41,10 @@ def clean_env(venv: Path | None = None, **extra) -> dict:
 
 
 def readme_install_commands() -> list[str]:
-    from test_readme import INSTALL, README
+    """The install section's commands (docs/operations.md, "Install for production")."""
+    from test_readme import install_commands
 
-    (block,) = INSTALL.findall(README.read_text())
-    return [c for c in (line.split("#")[0].strip() for line in block.splitlines()) if c]
+    return install_commands()
 
 
 # ~75 s on a loaded 2-core machine (a build in isolation, then every dependency
@@ -52,7 +52,7 @@ def readme_install_commands() -> list[str]:
 @pytest.mark.skipif(os.environ.get("VFSD_LONG") != "1",
                     reason="VFSD_LONG=1: pip install . into a fresh venv (~75 s)")
 def test_pip_install_dot_in_a_fresh_venv_mounts(tmp_path):
-    """The README's `pip install .`, as written, in a fresh venv; then a real mount
+    """The install section's `pip install .`, as written, in a fresh venv; then a real mount
     made and used with the installed commands, from outside the checkout."""
     if not any(WHEELHOUSE.glob("pyfuse3-*.whl")):
         pytest.fail(f"{WHEELHOUSE} holds no wheels: run `make setup` (scripts/setup.sh makes it)")
@@ -76,9 +76,13 @@ def test_pip_install_dot_in_a_fresh_venv_mounts(tmp_path):
         assert ref["path"] == "notes.md" and ref["size"] == len("installed\n")
         st = json.loads(run(vfsd, "status", run_dir, "--json", cwd=tmp_path, env=env).stdout)
         assert st["files"] == 1 and st["daemon"]["state"] == "running"
-        # The daemon runs from the installed venv too.
-        cmdline = Path(f"/proc/{st['pid']}/cmdline").read_bytes().split(b"\0")
-        assert cmdline[0].decode().startswith(str(venv)), cmdline
+        # The daemon runs from the installed venv too (its command line is its
+        # title: the libraries it mapped say where it came from), named for `ps`.
+        pid = st["pid"]
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert f"{venv}/lib/" in maps and "/pyfuse3" in maps, maps[:2000]
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0") == \
+            f"vfsd daemon of {run_dir}".encode()
     finally:
         subprocess.run([vfsd, "umount", run_dir], capture_output=True, env=env, timeout=120)
     assert not os.path.ismount(run_dir / "fs")
@@ -114,7 +118,7 @@ def test_make_install_units_puts_the_units_in_place(tmp_path):
 @pytest.mark.skipif(os.environ.get("VFSD_LONG") != "1",
                     reason="VFSD_LONG=1: pipx install, make dist, make install")
 def test_pipx_make_dist_and_make_install(tmp_path):
-    """The README's other install lines: `pipx install .`, `make dist`, `make install`
+    """The install section's other install lines: `pipx install .`, `make dist`, `make install`
     (staged with DESTDIR; as root, so without sudo)."""
     assert readme_install_commands()[1:] == ["pipx install .", "make dist", "sudo make install"]
     env = clean_env(PIPX_HOME=str(tmp_path / "pipx"), PIPX_BIN_DIR=str(tmp_path / "bin"),

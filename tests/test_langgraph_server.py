@@ -2,43 +2,119 @@
 
 One server for the module: `langgraph dev --no-browser --no-reload` on a free
 127.0.0.1 port, without `--allow-blocking` (the server then fails any call
-that blocks its event loop), with the example's `langgraph.json`: its graph
-(a Deep Agents agent on a Runs) and its custom checkpointer (VfsdCheckpointer
-over InMemorySaver). Threads are created, run at once, replayed from an old
+that blocks its event loop), with the example's `langgraph.json` as it is in
+the checkout, from a working directory elsewhere (its graph and checkpointer
+are named by module): its graph (a Deep Agents agent on a Runs) and its
+custom checkpointer (VfsdCheckpointer over the SQLite saver in the Runs root). Threads are created, run at once, replayed from an old
 checkpoint, copied and deleted through the server's API; their files are
-looked at in their run dirs, where the server's daemons mount them.
+looked at where the server's shard daemons serve them (`ROOT/threads/t<hex>/fs`
+leads there). A server of its own runs 60 threads at once (200 with
+VFSD_LONG=1), two turns each, then gets SIGTERM: it must leave no mount and no
+daemon behind.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("langgraph_sdk")
 
-from conftest import is_mounted, tree  # noqa: E402
-from lgserver import blocking_lines, langgraph_dev  # noqa: E402
+from conftest import daemons_under, mounts_under, tree  # noqa: E402
 
 from mount_tool.runs import thread_dir_name  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "langgraph-server"
+BLOCKING = ("BlockingError", "synchronous blocking call")
+LONG = bool(os.environ.get("VFSD_LONG"))
+#: threads run at once by test_many_threads_at_once_then_sigterm
+AT_ONCE = 200 if LONG else 60
+#: seconds a server has after SIGTERM to be gone with its shards
+SIGTERM_WITHIN = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def langgraph_dev(work: Path, *extra: str, **env_extra: str):
+    """A `langgraph dev` serving the example, run from `work` (where the server
+    keeps its `.langgraph_api/`): yields (url, runs root, log path, process);
+    stopped with SIGTERM on the way out (killed, and its shards lazily
+    unmounted, if it does not go)."""
+    root = work / "runs"
+    port = free_port()
+    log = work / "server.log"
+    env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false",
+           "VFSD_RUNS": str(root), **env_extra}
+    langgraph = Path(sys.executable).parent / "langgraph"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(langgraph), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
+             "--port", str(port), "--config", str(EXAMPLE / "langgraph.json"), *extra],
+            cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc, log)
+        yield url, root, log, proc
+    finally:
+        stop_server(proc)
+        # The server unmounts its shards on the way out; a killed one would not.
+        for fs in mounts_under(root):
+            subprocess.run(["fusermount3", "-u", "-z", fs], capture_output=True)
+
+
+def stop_server(proc: subprocess.Popen, within: float = 60.0) -> float | None:
+    """SIGTERM, as a supervisor stops a server: seconds until it exited (None:
+    it did not within `within`, and was killed)."""
+    if proc.poll() is not None:
+        return 0.0
+    t0 = time.monotonic()
+    proc.terminate()
+    try:
+        proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+    return time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """(url, runs root, log path) of a `langgraph dev` serving the example."""
-    work = tmp_path_factory.mktemp("server")
-    app = work / "app"
-    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", ".langgraph_api"))
-    root = work / "runs"
-    log = work / "server.log"
-    with langgraph_dev(app, root, log, env={"VFSD_MAX_MOUNTED": "4"}) as url:
+    with langgraph_dev(tmp_path_factory.mktemp("server")) as (url, root, log, _proc):
         yield url, root, log
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"langgraph dev exited {proc.returncode}:\n"
+                                 f"{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/ok", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"langgraph dev did not answer on {url}:\n{log.read_text()[-4000:]}")
 
 
 def files_of(root: Path, thread_id: str) -> dict:
@@ -73,12 +149,11 @@ def test_threads_through_the_server(server):
         return thread
 
     async def scenario() -> None:
-        ns = list(range(6))  # more threads than the 4 the server keeps mounted
+        ns = list(range(6))
         threads = await asyncio.gather(*(first_run(n) for n in ns))
         for n, thread in zip(ns, threads, strict=True):
-            if is_mounted(root / "threads" / thread_dir_name(thread) / "fs"):
-                assert files_of(root, thread) == job_files(n)
-        # Every thread's files, through its next turn (an idle one mounted again).
+            assert files_of(root, thread) == job_files(n)
+        # Every thread's files, through its next turn.
         again = await asyncio.gather(*(client.runs.wait(t, "agent", input=user("again"))
                                        for t in threads))
         for n, out in zip(ns, again, strict=True):
@@ -88,7 +163,7 @@ def test_threads_through_the_server(server):
         # A run from an old checkpoint gets that checkpoint's files back: the
         # one after write_file, before execute made out.txt (and a stray file).
         thread, n = threads[0], ns[0]
-        await client.runs.wait(thread, "agent", input=user("again"))  # the newest used: mounted
+        await client.runs.wait(thread, "agent", input=user("again"))
         work = root / "threads" / thread_dir_name(thread) / "fs" / "work"
         (work / "stray.txt").write_text("not in any checkpoint")
         history = await client.threads.get_history(thread, limit=100)
@@ -122,8 +197,48 @@ def test_threads_through_the_server(server):
         assert not (root / "threads" / thread_dir_name(thread)).exists()
         assert files_of(root, copy_id) == job_files(n)
         for n, other in zip(ns[1:], threads[1:], strict=True):  # the others, untouched
-            if is_mounted(root / "threads" / thread_dir_name(other) / "fs"):
-                assert files_of(root, other) == job_files(n)
+            assert files_of(root, other) == job_files(n)
 
     asyncio.run(scenario())
-    assert not blocking_lines(log), blocking_lines(log)[:5]
+    text = log.read_text(errors="replace")
+    assert not any(b in text for b in BLOCKING), [ln for ln in text.splitlines()
+                                                   if any(b in ln for b in BLOCKING)][:5]
+
+
+def test_many_threads_at_once_then_sigterm(tmp_path):
+    """AT_ONCE threads run at once on one server (as many jobs as threads),
+    two turns each (write a script and run it; then list and read back what it
+    wrote): no run fails, every thread's files are its own, exactly. SIGTERM
+    then stops the server, and its shards with it: no mount, no daemon."""
+    from langgraph_sdk import get_client
+
+    with langgraph_dev(tmp_path, "--n-jobs-per-worker", str(AT_ONCE)) as (url, root, log, proc):
+        client = get_client(url=url, timeout=600)
+
+        async def two_turns(n: int) -> tuple[str, list[str]]:
+            thread = (await client.threads.create())["thread_id"]
+            out = await client.runs.wait(thread, "agent", input=user(f"task {n}"))
+            again = await client.runs.wait(thread, "agent", input=user("again"))
+            statuses = [r["status"] for r in await client.runs.list(thread)]
+            assert out["messages"][-1]["content"] == f"task {n}: done", (n, out)
+            listing = [m for m in again["messages"] if m["type"] == "tool"][-1]["content"]
+            assert listing.startswith(f"job.py\nout.txt\njob of task {n}\n"), (n, listing)
+            return thread, statuses
+
+        async def everything() -> list[tuple[str, list[str]]]:
+            return await asyncio.gather(*(two_turns(n) for n in range(AT_ONCE)))
+
+        done = asyncio.run(everything())
+        failed = [(t, s) for t, s in done if s != ["success", "success"]]
+        assert failed == [], failed[:5]
+        for n, (thread, _) in enumerate(done):
+            assert files_of(root, thread) == job_files(n), n
+        assert mounts_under(root) != [] and daemons_under(root) != []
+        took = stop_server(proc, within=SIGTERM_WITHIN)
+        assert took is not None, f"langgraph dev was still running {SIGTERM_WITHIN:g} s after SIGTERM"
+        # What the server left, once it is gone: nothing.
+        assert mounts_under(root) == [] and daemons_under(root) == [], \
+            (mounts_under(root), daemons_under(root), log.read_text(errors="replace")[-3000:])
+    text = log.read_text(errors="replace")
+    assert not any(b in text for b in BLOCKING), [ln for ln in text.splitlines()
+                                                   if any(b in ln for b in BLOCKING)][:5]

@@ -13,7 +13,8 @@ import pytest
 from conftest import unmount_quietly
 
 import mount_tool
-from mount_tool.mount import is_mounted, mount_flags
+from mount_tool.daemon.mountinfo import is_mounted
+from mount_tool.daemon.spawn import mount_flags
 from mount_tool.paths import confine, mount_relative
 from mount_tool.refs import as_ref, content_hash
 
@@ -366,3 +367,20 @@ def test_remove_a_symlink_removes_the_link_not_its_target(shared) -> None:
         with pytest.raises(ValueError):
             m.remove(bad)
     assert (m.root / "rm/target.txt").read_text() == "keep me"
+
+
+def test_advance_step_never_jumps_a_step_that_moved_back(run):
+    """`advance_step` advances the step the Mount last saw, in one round trip:
+    when a restore elsewhere moved it back meanwhile, the daemon refuses
+    (`expect`) and the step advances from where it really is."""
+    m = mount_tool.Mount.attach(run.run_dir)
+    other = mount_tool.Mount.attach(run.run_dir)
+    snap = m.snapshot()["id"]
+    m.set_step(5)  # m saw step 5
+    other.restore(snap)  # back to step 0, behind m's back
+    (m.root / "new.txt").write_text("x")
+    delta, report = m.advance_step()
+    assert report["step"] == 1 and m.get_step() == 1
+    assert [r["path"] for r in delta["changed"]] == ["new.txt"]
+    delta, report = m.advance_step()  # and in one round trip once it knows
+    assert report["step"] == 2 and delta["changed"] == []

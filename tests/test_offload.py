@@ -17,7 +17,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 import mount_tool
-from mount_tool.offload import (
+from mount_tool.deepagents.offload import (
     OffloadMiddleware,
     describe_content,
     estimate_tokens,
@@ -254,7 +254,7 @@ def test_middleware_async_with_context_fraction(mnt: mount_tool.Mount) -> None:
 
 def test_mount_tool_does_not_import_vfsd() -> None:
     source_dir = Path(mount_tool.__file__).parent
-    for source in source_dir.glob("*.py"):
+    for source in source_dir.rglob("*.py"):
         text = source.read_text()
         assert not re.search(r"^\s*(import vfsd|from vfsd)", text, re.M), source.name
 

@@ -21,8 +21,8 @@ import pytest
 from conftest import unmount_quietly
 
 import mount_tool
+from mount_tool.daemon.mountinfo import is_mounted
 from mount_tool.deepagents import VfsdBackend
-from mount_tool.mount import is_mounted
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
 

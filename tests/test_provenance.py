@@ -24,7 +24,7 @@ from langchain_core.messages import AIMessage  # noqa: E402
 from test_deepagents import run_agent, tool_call, turn  # noqa: E402
 
 import mount_tool  # noqa: E402
-from mount_tool import toolcalls  # noqa: E402
+from mount_tool.daemon import toolcalls  # noqa: E402
 from mount_tool.deepagents import VfsdBackend  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
@@ -131,7 +131,7 @@ def test_edit_keeps_the_maker_and_names_the_editor(run, mnt):
 
 
 def test_a_bad_tag_is_refused_and_changes_nothing(run):
-    c = mount_tool.client.ControlClient(run.state_dir / "vfsd.sock")
+    c = mount_tool.ControlClient(run.state_dir / "vfsd.sock")
     assert c.ping()  # tags count only from a process that reached the control socket
     c.close()
     target = run.root / "t.txt"
@@ -234,7 +234,7 @@ def test_every_thread_id_a_runs_accepts_is_recorded_as_it_is(run, thread):
 def test_call_registration_is_checked(run):
     from conftest import vfsd_cli  # noqa: F401 - the daemon is the one under test
 
-    c = mount_tool.client.ControlClient(run.state_dir / "vfsd.sock")
+    c = mount_tool.ControlClient(run.state_dir / "vfsd.sock")
     try:
         for bad in ({"call": {"tool": "x", "id": "1"}},
                     {"call": {"tool": "x", "id": "1"}, "cgroup": "../etc"},
@@ -266,7 +266,7 @@ def test_attribution_without_the_agent(run, isolation, use_cgroups):
     if isolation == "bwrap" and shutil.which("bwrap") is None:
         pytest.skip("needs bubblewrap")
     sandbox = Sandbox(run.root, isolation=isolation, use_cgroups=use_cgroups)
-    c = mount_tool.client.ControlClient(run.state_dir / "vfsd.sock")
+    c = mount_tool.ControlClient(run.state_dir / "vfsd.sock")
     seen: list[dict] = []
 
     def confined(where):
@@ -292,7 +292,7 @@ def test_attribution_without_the_agent(run, isolation, use_cgroups):
 def test_a_process_is_looked_up_once(run):
     """While a call is registered, a process's first request reads /proc once;
     the next thousand read nothing."""
-    c = mount_tool.client.ControlClient(run.state_dir / "vfsd.sock")
+    c = mount_tool.ControlClient(run.state_dir / "vfsd.sock")
     try:
         assert c.call("perf", watch=0)["provenance"]["proc_reads"] == 0
         target = run.root / "p.txt"

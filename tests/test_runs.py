@@ -1,6 +1,6 @@
-"""Runs: one run dir per graph thread under one root, on real mounts and real graphs.
+"""Runs: every graph thread a directory of a few shard daemons, on real mounts and real graphs.
 
-One Runs (one shared store) serves the whole module, as one serves a LangGraph
+One Runs (two shards) serves the whole module, as one serves a LangGraph
 server: every test uses threads of its own in it. Graphs are tests/ckpt_graph.py's
 (what a node "sees" is what `cat`/`ls` print in the thread's mount); the saver is
 InMemorySaver.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import operator
 import os
-import time
 import uuid
+from pathlib import Path
 from typing import Annotated, TypedDict
 
 import pytest
@@ -20,15 +20,15 @@ import pytest
 pytest.importorskip("langgraph")
 
 from ckpt_graph import AFTER_V2, MOUNT_OPTIONS, at_step, build, observe  # noqa: E402
-from conftest import open_files_under, tree, vfsd_cli  # noqa: E402
+from conftest import daemons_under, mounts_under, open_files_under, tree  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 import mount_tool  # noqa: E402
 from mount_tool import SnapshotUnavailable, ThreadIdError  # noqa: E402
-from mount_tool.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
 from mount_tool.langgraph import FilesChannel, write_artifact  # noqa: E402
-from mount_tool.runs import THREAD_RECORD, thread_dir_name  # noqa: E402
+from mount_tool.langgraph.checkpointer import BadFilesMetadata, VfsdCheckpointer  # noqa: E402
+from mount_tool.runs import THREAD_RECORD, ThreadRecord, thread_dir_name, write_record  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
 
@@ -40,7 +40,7 @@ HOSTILE_IDS = ["../x", "../../etc", "/etc/passwd", "x" * 2000, "a\x00b", "\n\t\x
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    with mount_tool.runs(root, max_mounted=8, **MOUNT_OPTIONS) as r:
+    with mount_tool.runs(root, shards=2, **MOUNT_OPTIONS) as r:
         yield r
 
 
@@ -60,31 +60,41 @@ def test_hostile_thread_ids_get_runs_of_their_own(runs):
         run_dir = runs.run_dir(thread)
         assert run_dir.parent == runs.root / "threads"
         assert run_dir.name == thread_dir_name(thread) and run_dir.name.startswith("t")
-    # Real mounts for the worst of them: each its own files, its id recorded inside.
+    # Real files for the worst of them: each its own volume, its id recorded.
     mounted = ["../x", "", "a\x00b", "x" * 2000, "\ud800"]
     for i, thread in enumerate(mounted):
         with runs.use(thread) as m:
             m.write("id.txt", f"{i}")
-            assert os.path.realpath(m.root).startswith(str(runs.root) + "/threads/")
-        doc = json.loads((runs.run_dir(thread) / THREAD_RECORD).read_text())
-        assert doc["thread_id"] == thread  # the id as given
+            doc = json.loads((runs.run_dir(thread) / THREAD_RECORD).read_text())
+            assert doc["thread_id"] == thread  # the id as given
+            shard = runs.root / "shards" / doc["shard"]
+            assert m.root == shard / "fs" / thread_dir_name(thread)
+            assert os.path.realpath(runs.run_dir(thread) / "fs") == str(m.root)
     assert set(mounted) <= set(runs.threads())
     for i, thread in enumerate(mounted):
         with runs.use(thread) as m:
             assert (m.root / "id.txt").read_text() == f"{i}"
-    # Nothing was made outside ROOT/threads and ROOT/store.
-    assert sorted(p.name for p in runs.root.iterdir()) == ["store", "threads"]
+    # Nothing was made outside ROOT/threads and ROOT/shards.
+    assert sorted(p.name for p in runs.root.iterdir()) == ["shards", "threads"]
     for bad in (None, 1.5, b"bytes", ["x"], True):
         with pytest.raises(ThreadIdError):
             runs.use(bad).__enter__()
     with pytest.raises(ThreadIdError, match="at most"):
         runs.use("x" * (64 * 1024 + 1)).__enter__()
-    # A run dir whose record names another thread is refused, never shared.
+    # A record that names another thread is refused, never shared; one that
+    # names no shard, or cannot be read, is refused too.
     victim = runs.run_dir("victim")
     victim.mkdir(parents=True)
-    (victim / THREAD_RECORD).write_text(json.dumps({"version": 1, "thread_id": "someone"}))
-    with pytest.raises(mount_tool.MountToolError, match="refusing to mix"):
-        runs.get("victim")
+    for doc in ({"version": 2, "thread_id": "someone", "shard": "0"},
+                {"version": 1, "thread_id": "someone"}):
+        (victim / THREAD_RECORD).write_text(json.dumps(doc))
+        with pytest.raises(mount_tool.MountToolError, match="refusing to mix"):
+            runs.get("victim")
+    for text, why in ((json.dumps({"version": 2, "thread_id": "victim", "shard": "../x"}),
+                       "names no shard"), ("{not json", "unreadable")):
+        (victim / THREAD_RECORD).write_text(text)
+        with pytest.raises(mount_tool.MountToolError, match=why):
+            runs.get("victim")
     with pytest.raises(ThreadIdError, match="no thread_id"):
         runs.thread_of({"configurable": {}})
 
@@ -143,7 +153,7 @@ def test_copy_and_delete_thread(runs):
     big = os.urandom(3 << 20)  # chunked content: shared by the copy, never copied
     with runs.use(source) as m:
         m.write("big.bin", big)
-    chunks_before = json.loads(vfsd_cli("status", runs.run_dir(source), "--json").stdout)
+        chunks_before = m.stats()
     saver.copy_thread(source, copy)
     # The copy has the checkpoints, the files and the history.
     assert [s.values for s in app.get_state_history(config(copy))] == \
@@ -154,9 +164,12 @@ def test_copy_and_delete_thread(runs):
     copied = runs.get(copy).snapshot_state()["base"]  # the files as they were copied
     with runs.use(copy) as m:
         assert m.read_bytes("big.bin") == big
-    chunks_after = json.loads(vfsd_cli("status", runs.run_dir(copy), "--json").stdout)
+        chunks_after = m.stats()
     assert (chunks_after["chunk_count"], chunks_after["chunk_bytes"]) == \
-        (chunks_before["chunk_count"], chunks_before["chunk_bytes"])  # the store's, shared
+        (chunks_before["chunk_count"], chunks_before["chunk_bytes"])  # the shard's, shared
+    # The copy lives on its source's shard (one store shares content).
+    records = [json.loads((runs.run_dir(t) / THREAD_RECORD).read_text()) for t in (source, copy)]
+    assert records[0]["shard"] == records[1]["shard"]
     # Time travel on the copy, and the copy diverges without touching the source.
     past = at_step(app, config(copy), AFTER_V2)
     assert app.invoke(None, past.config)["seen"][2] == "2:a=v2;ls=a.txt,c.txt"
@@ -178,36 +191,171 @@ def test_copy_and_delete_thread(runs):
     assert runs.copy(fresh("nobody"), fresh("x")) is None
 
 
-def test_idle_run_dirs_are_unmounted_and_come_back(tmp_path):
-    with mount_tool.runs(tmp_path / "lru", max_mounted=1) as few:
-        threads = [fresh("idle") for _ in range(3)]
+def test_a_copy_deletes_nothing_it_did_not_make(runs):
+    """Where the copy would go there is already a directory without a record,
+    or a volume no record names: refused, both left as they are. A copy that
+    died half way says so (its record is written first): neither used nor
+    copied onto, until it is deleted; then the copy goes through."""
+    source = fresh("src")
+    with runs.use(source) as m:
+        m.write("a.txt", "a")
+    target = fresh("dst")
+    taken = runs.run_dir(target)
+    taken.mkdir(parents=True)
+    (taken / "x").write_text("mine")
+    with pytest.raises(mount_tool.MountToolError, match="has no thread.json"):
+        runs.copy(source, target)
+    assert os.listdir(taken) == ["x"]
+    target = fresh("dst")
+    name = thread_dir_name(target)
+    m.shard.call("volume_create", volume=name, thread=target)
+    with pytest.raises(mount_tool.MountToolError, match="holds a volume"):
+        runs.copy(source, target)
+    assert not os.path.lexists(runs.run_dir(target))
+    assert name in [v["volume"] for v in m.shard.call("volumes")["volumes"]]
+    target = fresh("dst")
+    write_record(runs.run_dir(target), ThreadRecord(target, m.shard.name, copying=True))
+    for attempt in (lambda: runs.get(target), lambda: runs.copy(source, target)):
+        with pytest.raises(mount_tool.MountToolError, match="did not finish"):
+            attempt()
+    assert runs.delete(target)
+    assert runs.copy(source, target).read_bytes("a.txt") == b"a"
+
+
+def test_a_copy_calls_before_done_before_it_is_complete(runs):
+    """`Runs.copy(..., before_done=)` is called with both threads' record
+    directories once the files are copied and while the target still says
+    it is a copy being made; one that raises leaves a copy that did not
+    finish. VfsdCheckpointer.copy_thread passes one that copies its record:
+    bound to the target, with the source's interrupt pins."""
+    source = fresh("src")
+    with runs.use(source) as m:
+        m.write("a.txt", "a")
+    seen = []
+
+    def before_done(source_state: Path, target_state: Path) -> None:
+        record = json.loads((target_state.parent / THREAD_RECORD).read_text())
+        seen.append((source_state, target_state, record.get("copying")))
+
+    target = fresh("dst")
+    assert runs.copy(source, target, before_done=before_done).read_bytes("a.txt") == b"a"
+    assert seen == [(runs.run_dir(source) / ".vfsd", runs.run_dir(target) / ".vfsd", True)]
+    assert "copying" not in json.loads((runs.run_dir(target) / THREAD_RECORD).read_text())
+
+    def fails(source_state: Path, target_state: Path) -> None:
+        raise OSError("no room for the record")
+
+    target = fresh("dst")
+    with pytest.raises(OSError, match="no room"):
+        runs.copy(source, target, before_done=fails)
+    with pytest.raises(mount_tool.MountToolError, match="did not finish"):
+        runs.get(target)
+    assert runs.delete(target)
+    # The checkpointer's own record travels with the copy.
+    saver = VfsdCheckpointer(InMemorySaver(), runs)
+    app = build(runs).compile(checkpointer=saver)
+    source, target = fresh("src"), fresh("dst")
+    app.invoke({"i": 0}, config(source))
+    record_path = runs.run_dir(source) / ".vfsd" / "langgraph.json"
+    record = json.loads(record_path.read_text())
+    assert record["thread"] == source
+    pins = {"some-checkpoint": {"snapshot": "s1", "was_pinned": True}}  # as an interrupt leaves
+    record_path.write_text(json.dumps({**record, "pins": pins}))
+    saver.copy_thread(source, target)
+    copied = json.loads((runs.run_dir(target) / ".vfsd" / "langgraph.json").read_text())
+    assert (copied["thread"], copied["pins"]) == (target, pins)
+
+
+def test_a_copy_never_deletes_a_thread_it_does_not_recognise(runs):
+    """Issue 28, item 5: a copy onto a thread whose thread.json was missing
+    took it for a copy that died half way and deleted it, files and
+    snapshots, without a word."""
+    source, victim = fresh("src"), fresh("victim")
+    with runs.use(source) as m:
+        m.write("a.txt", "source\n")
+    with runs.use(victim) as m:
+        m.write("precious.txt", "the victim's own\n")
+        m.snapshot()
+    record = runs.run_dir(victim) / "thread.json"
+    saved = record.read_bytes()
+    record.unlink()
+    with pytest.raises(mount_tool.MountToolError, match="thread.json"):
+        runs.copy(source, victim)
+    record.write_bytes(saved)
+    with runs.use(victim) as m:
+        assert (m.root / "precious.txt").read_text() == "the victim's own\n"
+        assert len(m.snapshots()) == 1
+
+
+def test_threads_are_directories_of_a_few_daemons(tmp_path):
+    """Twelve threads, two shard daemons and two mounts; nothing else. A Runs
+    opened again with another shard count finds every thread on the shard
+    its record names, and puts new ones on the new count's."""
+    root = tmp_path / "few"
+    threads = [fresh("few") for _ in range(12)]
+    with mount_tool.runs(root, shards=2) as few:
         for i, thread in enumerate(threads):
             with few.use(thread) as m:
                 m.write("n.txt", str(i))
-        deadline = time.monotonic() + 60
-        while len(few.mounted()) > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(few.mounted()) == 1  # the bound, reached in the background
-        assert few.counts["unmounts"] >= 2
-        for i, thread in enumerate(threads):  # mounted again on their next use
-            with few.use(thread) as m:
+        shards = few.shards()
+        assert sorted(s["name"] for s in shards) == ["0", "1"]
+        assert sorted(daemons_under(root)) == sorted(s["pid"] for s in shards)
+        assert mounts_under(root) == [str(root / "shards" / n / "fs") for n in ("0", "1")]
+        assert sorted(os.listdir(root / "shards" / "0" / "fs") +
+                      os.listdir(root / "shards" / "1" / "fs")) == \
+            sorted(thread_dir_name(t) for t in threads)
+        placed = {t: json.loads((few.run_dir(t) / THREAD_RECORD).read_text())["shard"]
+                  for t in threads}
+    assert daemons_under(root) == [] and mounts_under(root) == []
+    with mount_tool.runs(root, shards=3) as more:
+        for i, thread in enumerate(threads):
+            with more.use(thread) as m:
                 assert (m.root / "n.txt").read_text() == str(i)
+                assert m.shard.name == placed[thread]
+        new = [fresh("more") for _ in range(9)]
+        for thread in new:
+            with more.use(thread) as m:
+                assert m.shard.name == str(int(thread_dir_name(thread)[1:9], 16) % 3)
+        assert len(daemons_under(root)) == 3
+    assert daemons_under(root) == [] and mounts_under(root) == []
 
 
-def test_the_bound_on_mounted_run_dirs_holds_at_every_mount(tmp_path):
-    """A new thread's mount first unmounts the least recently used idle run
-    dir when the bound is reached: never more than `max_mounted` mounted, not
-    only once the background reaper catches up."""
-    with mount_tool.runs(tmp_path / "bound", max_mounted=2) as few:
-        threads = [fresh("bound") for _ in range(6)]
-        for i, thread in enumerate(threads):
-            with few.use(thread) as m:
-                m.write("n.txt", str(i))
-                assert len(few.mounted()) <= 2, (i, few.mounted())
-        assert few.counts["unmounts"] >= 4
-        with few.use(threads[0]) as m:  # the oldest comes back
-            assert (m.root / "n.txt").read_text() == "0"
-            assert len(few.mounted()) <= 2
+def test_delete_takes_only_what_a_runs_made(runs):
+    """A thread directory without a readable record of its thread is never
+    deleted; a thread whose file a program holds open is refused, naming it;
+    files a Runs did not make stay where they are."""
+    stray = runs.run_dir("stray")
+    stray.mkdir(parents=True)
+    (stray / "mine.txt").write_text("not a thread")
+    with pytest.raises(mount_tool.MountToolError, match="holds no thread.json"):
+        runs.delete("stray")
+    (stray / THREAD_RECORD).write_text("{garbage")
+    with pytest.raises(mount_tool.MountToolError, match="unreadable"):
+        runs.delete("stray")
+    (stray / THREAD_RECORD).write_text(json.dumps({"version": 2, "thread_id": "other",
+                                                   "shard": "0"}))
+    with pytest.raises(mount_tool.MountToolError, match="records thread 'other'"):
+        runs.delete("stray")
+    assert (stray / "mine.txt").read_text() == "not a thread"
+    assert not runs.delete(fresh("never-used"))
+
+    thread = fresh("held")
+    with runs.use(thread) as m:
+        m.write("f.txt", "x")
+        with pytest.raises(mount_tool.MountToolError, match="in use"):
+            runs.delete(thread)
+        root = m.root
+    with open(root / "f.txt") as held:
+        with pytest.raises(mount_tool.MountError, match=f"pid {os.getpid()}"):
+            runs.delete(thread)
+        assert held.read() == "x"
+    assert runs.get(thread).read_bytes("f.txt") == b"x"
+    (runs.run_dir(thread) / "notes.txt").write_text("someone's")
+    assert runs.delete(thread)
+    assert not runs.exists(thread) and thread not in runs.threads()
+    assert os.listdir(runs.run_dir(thread)) == ["notes.txt"]  # left as it was
+    with runs.use(thread) as m:  # a new thread of that id starts from nothing
+        assert tree(m.root) == {}
 
 
 def test_hostile_checkpoint_metadata(runs):
@@ -318,26 +466,54 @@ def test_byte_budget_drops_the_oldest_and_says_so(tmp_path):
         early = next(s for s in history if s.values.get("n") == 1)
         with pytest.raises(SnapshotUnavailable, match="byte budget"):
             app.invoke(None, early.config)
-        assert "snapshot_budget" in (few.run_dir(thread) / ".vfsd" / "vfsd.log").read_text()
+        assert "snapshot_budget" in (m.shard.run_dir / ".vfsd" / "vfsd.log").read_text()
 
 
-def test_a_copy_never_deletes_a_thread_it_does_not_recognise(runs):
-    """Issue 28, item 5: a copy onto a thread whose thread.json was missing
-    took the run dir for a copy that died half way and deleted it, files and
-    snapshots, without a word."""
-    source, victim = fresh("src"), fresh("victim")
-    with runs.use(source) as m:
-        m.write("a.txt", "source\n")
-    with runs.use(victim) as m:
-        m.write("precious.txt", "the victim's own\n")
-        m.snapshot()
-    assert runs.release(victim)
-    record = runs.run_dir(victim) / "thread.json"
-    saved = record.read_bytes()
-    record.unlink()
-    with pytest.raises(mount_tool.MountToolError, match="thread.json"):
-        runs.copy(source, victim)
-    record.write_bytes(saved)
-    with runs.use(victim) as m:
-        assert (m.root / "precious.txt").read_text() == "the victim's own\n"
-        assert len(m.snapshots()) == 1
+def test_a_killed_shard_fails_the_calls_in_flight_and_comes_back(tmp_path):
+    """SIGKILL of a shard daemon serving three threads: the call in flight
+    fails naming the shard, a file call on a thread's mount says the shard
+    is gone, and the next use starts it again; every thread's files and
+    every checkpoint's files are there (a replay from the past restores them)."""
+    import signal
+    import threading
+
+    from conftest import wait_for
+
+    with mount_tool.runs(tmp_path / "crash", shards=1, **MOUNT_OPTIONS) as runs:
+        saver = VfsdCheckpointer(InMemorySaver(), runs)
+        app = build(runs).compile(checkpointer=saver)
+        threads = [fresh("k") for _ in range(3)]
+        for thread in threads:
+            assert app.invoke({"i": 0}, config(thread))["seen"] == ORIGINAL
+        m = runs.get(threads[0])
+        [shard] = runs.shards()
+        pid = shard["pid"]
+        os.kill(pid, signal.SIGSTOP)  # the next request waits for it: in flight at the kill
+        failed: list[BaseException] = []
+
+        def in_flight() -> None:
+            try:
+                m.snapshot(label="in flight")
+            except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                failed.append(exc)
+
+        caller = threading.Thread(target=in_flight)
+        caller.start()
+        # Sent, and waiting for the answer (a socket's timeout waits in poll).
+        wait_for(lambda: "poll" in Path(f"/proc/self/task/{caller.native_id}/wchan").read_text(),
+                 "the request to be in flight")
+        os.kill(pid, signal.SIGKILL)
+        caller.join(timeout=60)
+        [exc] = failed
+        assert isinstance(exc, mount_tool.ControlError) and exc.code == "connection"
+        assert "shard 0" in str(exc) and "died" in str(exc), exc
+        wait_for(lambda: not m.shard.alive(), "the daemon to be gone")
+        with pytest.raises(OSError, match="shard 0") as gone:
+            m.read_bytes("a.txt")
+        assert "started again on the next use" in str(gone.value)
+        for thread in threads:  # the next use starts the shard again
+            assert observe(runs.get(thread)) == "a=v3;ls=a.txt,b.txt"
+        assert runs.shards()[0]["starts"] == 2 and runs.shards()[0]["pid"] != pid
+        for thread in threads:
+            past = at_step(app, config(thread), AFTER_V2)
+            assert app.invoke(None, past.config)["seen"][2] == "2:a=v2;ls=a.txt,c.txt"

@@ -1,4 +1,4 @@
-"""The execute sandbox on a real mount with real bubblewrap (mount_tool/sandbox.py).
+"""The execute sandbox on a real mount with real bubblewrap (mount_tool/sandbox/).
 
 One path space: `/` inside a command is the run's mount root, so the file
 tools and the shell name every file the same way. Isolation: attempts to
@@ -32,9 +32,14 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage  # no
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 
 import mount_tool  # noqa: E402
-from mount_tool import cgroups  # noqa: E402
 from mount_tool.deepagents import VfsdBackend, create_vfsd_deep_agent  # noqa: E402
-from mount_tool.sandbox import SANDBOX_DIRS, ExecLimits, Sandbox, SandboxUnavailable  # noqa: E402
+from mount_tool.sandbox import (  # noqa: E402
+    SANDBOX_DIRS,
+    ExecLimits,
+    Sandbox,
+    SandboxUnavailable,
+    cgroups,  # noqa: E402
+)
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

@@ -212,6 +212,47 @@ class SnapshotMachine(RuleBasedStateMachine):
             del self.recorded[int(ident[1:])]
 
     @precondition(lambda self: self.recorded)
+    @rule(cut=st.integers(0, 40))
+    def snapshot_in_steps(self, cut: int) -> None:
+        """A snapshot made one object per transaction; some cut short by a
+        "crash" after `cut` steps and finished as a restarted daemon would."""
+        self.step += 1
+        self.store.set_step(self.step)
+        tree = live_tree(self.store, self.files)
+        self.snaps.STEP_BUDGET_S = 0.0
+        steps = self.snaps.create_in_steps()
+        rec = _run_steps(steps, cut)
+        if rec is None:
+            assert self.snaps.interrupted()[0] == "snapshot"
+            rec = _run_steps(self.snaps.finish_interrupted(), None)
+        assert self.snaps.interrupted() is None
+        assert not self.snaps.state()["changed"]
+        self.recorded[rec["seq"]] = tree
+        assert live_tree(self.store, self.files) == tree
+        for ident in self.snaps.apply_retention():
+            del self.recorded[int(ident[1:])]
+
+    @precondition(lambda self: self.recorded)
+    @rule(i=st.integers(0, 10), cut=st.integers(0, 40))
+    def restore_in_steps(self, i: int, cut: int) -> None:
+        seqs = sorted(self.recorded)
+        seq = seqs[i % len(seqs)]
+        self.snaps.STEP_BUDGET_S = 0.0
+        res = _run_steps(self.snaps.restore_in_steps(self.snaps.restore_plan(f"s{seq}")), cut)
+        if res is None:
+            assert self.snaps.interrupted() == ("restore", seq)
+            res = _run_steps(self.snaps.finish_interrupted(), None)
+            # A restarted daemon frees what has no name left (Volume.prepare).
+            res["unlinked"] = self.store.orphans()
+        assert self.snaps.interrupted() is None
+        for ino in res["unlinked"]:
+            self.store.free_inode(ino)
+        assert live_tree(self.store, self.files) == self.recorded[seq]
+        state = self.snaps.state()
+        assert state == {"base": f"s{seq}", "last": state["last"], "changed": False,
+                         "bytes": state["bytes"]}
+
+    @precondition(lambda self: self.recorded)
     @rule(i=st.integers(0, 10))
     def restore(self, i: int) -> None:
         seqs = sorted(self.recorded)
@@ -280,6 +321,21 @@ class SnapshotMachine(RuleBasedStateMachine):
     def store_is_consistent(self) -> None:
         rep = fsck(self.store, verify=True)
         assert rep.clean, rep.problems
+
+
+def _run_steps(steps, cut: int | None):
+    """Run a change made in steps to its end (its result), or stop after `cut`
+    steps as a crash would (None)."""
+    n = 0
+    try:
+        while True:
+            next(steps)
+            n += 1
+            if cut is not None and n >= cut:
+                steps.close()
+                return None
+    except StopIteration as done:
+        return done.value
 
 
 SnapshotMachine.TestCase.settings = settings(

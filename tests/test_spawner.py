@@ -20,7 +20,7 @@ from conftest import is_mounted, vfsd_cli
 PROGRAM = r"""
 import json, os, sys, threading
 import mount_tool
-from mount_tool import spawn
+from mount_tool.daemon import spawn
 
 runs = sys.argv[1:]
 os.environ["VFSD_TEST_MARK"] = "seen-by-the-daemon"

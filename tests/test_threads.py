@@ -1,7 +1,7 @@
 """Many threads in flight at once on one compiled graph, no cross-talk.
 
 One Runs, one `create_vfsd_deep_agent` (VfsdBackend, VfsdMiddleware,
-VfsdCheckpointer over InMemorySaver) and one scripted model serve 36 threads at
+VfsdCheckpointer over InMemorySaver) and one scripted model serve 40 threads at
 once: through `ainvoke`, `astream`, `abatch` and sync `invoke` (in worker
 threads), all together. Each thread writes a script of its own, runs it with
 `execute` in the sandbox (its output, over the offload threshold, goes to
@@ -30,7 +30,7 @@ from mount_tool.demo import conversation_model  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
-THREADS = 36
+THREADS = 40
 OFFLOAD_TOKENS = 500  # ~2,000 characters
 
 
@@ -74,7 +74,7 @@ def message(n: int) -> dict:
 
 
 def test_threads_at_once_see_their_own_files_only(tmp_path):
-    with mount_tool.runs(tmp_path / "runs", max_mounted=THREADS + 4) as runs:
+    with mount_tool.runs(tmp_path / "runs") as runs:
         agent = create_vfsd_deep_agent(
             runs, conversation_model(script), checkpointer=InMemorySaver(),
             backend_options={"offload_threshold_tokens": OFFLOAD_TOKENS})

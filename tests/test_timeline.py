@@ -11,7 +11,7 @@ import pytest
 from conftest import vfsd_cli
 
 import mount_tool
-from mount_tool import toolcalls
+from mount_tool.daemon import toolcalls
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]
 

@@ -51,7 +51,7 @@ def test_umount_ends_a_mount_another_namespace_holds(tmp_path):
 
 
 def test_stop_is_refused_while_mounted(run):
-    from mount_tool.client import ControlClient, ControlError
+    from mount_tool.daemon.client import ControlClient, ControlError
 
     with ControlClient(RunDir(run.run_dir).sock) as c:
         with pytest.raises(ControlError) as err:

@@ -6,7 +6,7 @@ objects, chunk files; the only code that knows the key layout), `snapshots`
 (pyfuse3 operations), then `config`, `eviction`, `status`, `metrics` and
 `fsck`, then `control` (the control socket), `daemon` (one trio nursery wiring
 them together) and `cli` (the command line). Imports run down that list only
-(README, "Architecture"; `tests/test_layers.py` checks it).
+(docs/architecture.md; `tests/test_layers.py` checks it).
 """
 
 __version__ = "0.1.0"
@@ -28,7 +28,7 @@ STATE_DIRNAME = ".vfsd"
 MOUNT_DIRNAME = "fs"
 
 #: Mount points of mount_tool's execute sandbox, which makes the mount root
-#: its `/` (mount_tool/sandbox.py keeps the same list). The root serves them
+#: its `/` (mount_tool/reserved.py keeps the same list). The root serves them
 #: as virtual directories only once a sandbox has claimed them (the
 #: `user.vfsd.sandbox` xattr on the root): until then they are ordinary names.
 #: `tmp` is not among them: the sandbox's /tmp is a real directory of the run.

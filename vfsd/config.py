@@ -272,29 +272,88 @@ def option_names() -> list[str]:
     return [f.name for f in fields(Config)]
 
 
+#: the table of a config file only a Runs (mount_tool.runs) reads; `vfsd mount` skips it
+RUNS_TABLE = "runs"
+#: keys of that table, with what each takes
+RUNS_OPTIONS = {"shards": "the number of shard daemons new threads spread over (1 to 4096)"}
+#: Runs options of the earlier layout, which no config file sets any more
+_RUNS_RETIRED = {
+    "max_mounted": "a Runs mounts a few shards, not a run dir per thread: nothing to bound",
+    "idle_timeout": "a Runs mounts a few shards, not a run dir per thread: nothing to unmount",
+}
+
+
+def read_config_file(path: Path) -> dict:
+    """The TOML document of a config file; ConfigError naming the file when it
+    cannot be read or parsed."""
+    import tomllib  # only here: a daemon gets its config as JSON
+
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:  # unreadable, a directory, a loop of symlinks...
+        raise ConfigError(f"config file {path} cannot be read: "
+                          f"{exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def file_options(path: Path, data: dict | None = None) -> dict:
+    """The daemon options a config file sets, sizes in bytes (not validated
+    together: `load_config` does that). Its `[vfsd]` table, else its top level
+    but the `[runs]` table."""
+    if data is None:
+        data = read_config_file(path)
+    section = data["vfsd"] if "vfsd" in data else \
+        {k: v for k, v in data.items() if k != RUNS_TABLE}
+    if not isinstance(section, dict):
+        raise ConfigError(f"[vfsd] in {path} must be a table of options")
+    known = set(option_names())
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ConfigError(f"unknown option(s) in {path}: "
+                          + "; ".join(_unknown_key(k, known) for k in unknown))
+    values = dict(section)
+    for name in SIZE_OPTIONS:
+        if values.get(name) is not None:
+            values[name] = parse_size(values[name], name)
+    return values
+
+
+def runs_options(path: Path, data: dict | None = None) -> dict:
+    """The `[runs]` table of a config file, checked: what only a Runs reads
+    (`shards`). {} when the file has none."""
+    if data is None:
+        data = read_config_file(path)
+    table = data.get(RUNS_TABLE, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{RUNS_TABLE} in {path} must be a table ([{RUNS_TABLE}]), "
+                          f"got {table!r}")
+    for key in sorted(table):
+        if key in _RUNS_RETIRED:
+            raise ConfigError(f"[{RUNS_TABLE}] {key} in {path} is no longer used: "
+                              f"{_RUNS_RETIRED[key]}; remove it")
+        if key not in RUNS_OPTIONS:
+            hint = _unknown_key(key, set(RUNS_OPTIONS)).replace(
+                "(see systemd/vfsd.toml.example for every option)",
+                f"(the [{RUNS_TABLE}] table takes {', '.join(sorted(RUNS_OPTIONS))}; daemon "
+                "options go at the top level)")
+            raise ConfigError(f"unknown option in [{RUNS_TABLE}] of {path}: {hint}")
+    shards = table.get("shards")
+    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)
+                               or not 1 <= shards <= 4096):
+        raise ConfigError(f"[{RUNS_TABLE}] shards must be an integer from 1 to 4096, "
+                          f"got {shards!r}")
+    return dict(table)
+
+
 def load_config(path: Path | None, overrides: dict) -> Config:
     """Defaults, then the TOML file, then command-line `overrides` (None = unset)."""
     values: dict = {}
     if path is not None:
-        import tomllib  # only here: a daemon gets its config as JSON
-
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except OSError as exc:  # unreadable, a directory, a loop of symlinks...
-            raise ConfigError(f"config file {path} cannot be read: "
-                              f"{exc.strerror or exc}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-        section = data.get("vfsd", data)
-        known = set(option_names())
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise ConfigError(f"unknown option(s) in {path}: "
-                              + "; ".join(_unknown_key(k, known) for k in unknown))
-        values.update(section)
+        values.update(file_options(path))
     values.update({k: v for k, v in overrides.items() if v is not None})
     if isinstance(values.get("eviction_rules"), str):  # from the command line: JSON
         import json

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -21,16 +22,6 @@ import pyfuse3
 import structlog
 import trio
 
-from vfsd.fuse import ctldir
-from vfsd.fuse.evictedview import EvictedView
-from vfsd.fuse.evictindex import EvictedIndex
-from vfsd.fuse.evictlog_view import EvictionLogView
-from vfsd.fuse.fs import VfsdOperations
-from vfsd.fuse.openfiles import OpenFiles
-from vfsd.fuse.settle import Settler
-from vfsd.fuse.snapservice import SnapshotService
-from vfsd.fuse.snapview import SnapshotView
-from vfsd.snapshots.snapshots import Snapshots
 from vfsd.store import compact, remotestate
 from vfsd.store.lmdbcheck import check_readable
 from vfsd.store.store import Store
@@ -38,9 +29,9 @@ from vfsd.store.store import Store
 from . import __version__, notify
 from .config import Config
 from .errors import StartupError, StoreError, StoreLocked, StoreVersionError
-from .eviction import Evictor
 from .logs import setup_logging
 from .rundir import RunDir, lock_volume, mount_state, remove_stale_mount
+from .volume import Volume
 
 if TYPE_CHECKING:
     from vfsd.remote.remotetier import RemoteTier
@@ -64,23 +55,22 @@ def _remote_tier(url: str, config: Config) -> RemoteTier:
         raise StartupError(str(exc)) from None
 
 
-class Daemon:
-    """Everything one mounted run dir needs, wired together."""
+class DaemonBase:
+    """What a daemon process has, whatever it serves: the store's environment
+    (group commits, syncs), the FUSE session, signals, the control socket.
 
-    def __init__(self, run: RunDir, config: Config, store_dir: Path, volume: str,
-                 resume_from: str | None = None) -> None:
+    A subclass opens `self.store` (the handle whose environment the process
+    shares) and says what pyfuse3 serves (`operations`), what the control
+    server asks which handler serves a request (`control_host`) and which
+    volumes it serves (`served`)."""
+
+    def __init__(self, run: RunDir, config: Config, store_dir: Path) -> None:
         self.run = run
         self.config = config
         self.store_dir = store_dir
-        self.volume = volume
-        self.resume_from = resume_from
-        self.remote: RemoteTier | None = None
         self.store: Store | None = None
-        self.ops: VfsdOperations | None = None
-        self.evictor: Evictor | None = None
-        self._lock_fd: int | None = None
-        self._hold_fd: int | None = None
         self.metrics = None
+        self._hold_fd: int | None = None
         self.started = time.monotonic()
         #: `on_wait(seconds, text)`: startup is about to wait up to `seconds` (for the
         #: object store, another worker's lease); `run_daemon` tells `vfsd mount`
@@ -89,21 +79,32 @@ class Daemon:
         #: (a `--from` import, in entries), for `vfsd mount`'s progress bar
         self.on_progress = lambda phase, done, total: None
 
-    # --------------------------------------------------------------- setup
+    def served(self) -> list[Volume]:
+        """The volumes this process serves now."""
+        raise NotImplementedError
 
-    def prepare(self) -> None:
-        """Everything that can fail before mounting, with clear messages."""
+    def titles(self) -> tuple[str, str]:
+        """(process title, short name) for `ps` and `top` (`set_process_title`)."""
+        return (f"vfsd daemon of {shown_path(self.run.path)}",
+                f"vfsd {shown_path(Path(self.run.path.name))}")
+
+    def in_use(self, vol: int, ino: int) -> bool:
+        """Whether an inode of one of the served volumes is open (its hot file stays)."""
+        return any(v.store.vol == vol and ino in v.files.files for v in self.served())
+
+    def _check_fuse(self) -> None:
         if not os.path.exists("/dev/fuse"):
             raise StartupError("/dev/fuse is missing: load the fuse module, or run the "
                                "container with --device /dev/fuse")
         if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-            raise StartupError("/dev/fuse is not readable and writable by this user")
-        try:
-            self._prepare()
-        except OSError as exc:
-            raise StartupError(f"cannot prepare {self.run.path}: {exc}") from None
+            raise StartupError(f"/dev/fuse is not readable and writable by this user "
+                               f"({_device_access('/dev/fuse')}): vfsd needs no other "
+                               "privilege. As root, open it to every user, as Debian does "
+                               "(chmod 0666 /dev/fuse; a udev rule keeps it after a reboot), "
+                               "or to a group (chgrp GROUP /dev/fuse; chmod 0660 /dev/fuse) "
+                               "and add this user to that group")
 
-    def _prepare(self) -> None:
+    def _prepare_mountpoint(self) -> None:
         mp = self.run.mountpoint
         self.run.state.mkdir(parents=True, exist_ok=True, mode=0o700)
         state = mount_state(mp)
@@ -119,13 +120,12 @@ class Daemon:
         mp.mkdir(parents=True, exist_ok=True)
         if any(mp.iterdir()):
             raise StartupError(f"mountpoint {mp} is not empty")
+
+    def _hold_store(self) -> None:
+        """Keep compaction away for the daemon's life; a compaction cut short is
+        finished (or undone) first, before anything reads the file. Then make
+        sure what is there can be read."""
         try:
-            self._lock_fd = lock_volume(self.store_dir, self.volume)
-        except StoreLocked as exc:
-            raise StartupError(str(exc)) from None
-        try:
-            # Held for the daemon's life; a compaction cut short is finished
-            # (or undone) first, before anything reads the file.
             self._hold_fd = compact.hold(self.store_dir)
         except StoreLocked as exc:
             raise StartupError(str(exc)) from None
@@ -133,123 +133,20 @@ class Daemon:
             damage = check_readable(self.store_dir)
             if damage is not None:
                 raise StartupError(f"{damage}; run `vfsd fsck {self.store_dir}` for a report")
-        if self.resume_from is not None and self.config.remote_url is None:
-            raise StartupError("--from needs --remote s3://BUCKET/PREFIX (or remote_url in "
-                               "the config): where the run was published")
-        if self.config.remote_url is not None:
-            self.remote = _remote_tier(self.config.remote_url, self.config)
-            self.remote.on_wait = self.on_wait
-            self.remote.on_progress = self.on_progress
-        try:
-            if self.resume_from is not None:
-                from vfsd.remote.remotetier import RemoteStartupError
 
-                try:
-                    self.store = self.remote.resume(self.store_dir, self.resume_from,
-                                                    self._open_store)
-                except RemoteStartupError as exc:
-                    raise StartupError(str(exc)) from None
-            else:
-                self.store = self._open_store()
-        except StoreVersionError as exc:
-            raise StartupError(str(exc)) from None
-        self.run.record_store(self.store_dir, self.volume)
-        # Inodes left without names by a previous run: nobody can reach them now.
-        for ino in self.store.orphans():
-            self.store.free_inode(ino)
+    def _fix_chunk_size(self) -> None:
         if self.store.chunk_size != self.config.chunk_size:
             log.warning("chunk_size_from_store", store=self.store.chunk_size,
                         configured=self.config.chunk_size)
             self.config.chunk_size = self.store.chunk_size
             self.config.inline_max = min(self.config.inline_max, self.config.chunk_size)
-        files = OpenFiles(self.store, chunk_size=self.config.chunk_size,
-                          inline_max=self.config.inline_max)
-        self.ops = VfsdOperations(self.store, files, entry_timeout=self.config.entry_timeout,
-                                  durability=self.config.durability,
-                                  xattr_reads=self.config.xattr_reads)
-        self.evictor = Evictor(self.store, self.ops, self.config)
-        self.settler = Settler(files)
-        self.snapshots = Snapshots(self.store, keep_last=self.config.snapshot_keep_last,
-                                   keep_steps=self.config.snapshot_keep_steps,
-                                   keep_bytes=self.config.snapshot_keep_bytes)
-        self.snapservice = SnapshotService(self, self.snapshots)
-        self.ops.snapview = SnapshotView(self.snapshots, self.ops)
-        self.ops.evicted = EvictedIndex(self.store, self.snapshots)
-        self.ops.evictedview = EvictedView(self.ops.evicted, self.ops)
-        self._prepare_remote()
-        self.evictor.after_step = self.snapservice.apply_retention
-        self.ops.ctl.renderers = {ctldir.FILES[b"status.json"]: self._render_status}
-        self.ops.ctl.paged = {ctldir.FILES[b"evicted.ndjson"]: EvictionLogView(self.store)}
-        self.ops.quota = self.evictor.reserve
-        self.ops.limits = self.evictor.limits
-        self.ops.evicted_names = self.evictor.take_invalidations
-        self.ops.reserve_file = self.evictor.reserve_file
-        self.ops.used_step = self.evictor.used_step
-        self._catch_up_with_step()
-        # What a crash (or the start itself) left waiting for a sync goes now.
-        gone = self.store.finish_deletes()
-        if gone:
-            log.info("deletes_finished", files=gone)
+
+    def _start_metrics(self, target) -> None:
         if self.config.metrics_port is not None:
             # prometheus_client (~2 MiB) is loaded only by daemons that serve it.
             from .metrics import start_metrics_server
 
-            self.metrics = start_metrics_server(self, self.config.metrics_port)
-
-    def _open_store(self, *, create: bool = True, chunk_size: int | None = None) -> Store:
-        """The daemon's one handle on its volume. A resume opens it through
-        this (with the run's chunk size for a new store) and may find a
-        volume its last attempt left incomplete."""
-        return Store(self.store_dir, self.volume, create=create,
-                     chunk_size=chunk_size or self.config.chunk_size,
-                     inline_max=self.config.inline_max, defer_deletes=True,
-                     incomplete_ok=self.resume_from is not None)
-
-    def _prepare_remote(self) -> None:
-        """A store with a remote (given now or recorded earlier) gets its remote tier."""
-        if self.remote is None:
-            url = remotestate.remote_url(self.store)
-            if url is None:
-                return
-            self.remote = _remote_tier(url, self.config)
-            self.remote.on_wait = self.on_wait
-        from vfsd.remote.remotetier import RemoteStartupError
-
-        try:
-            self.remote.attach(self.store, self.snapshots)
-        except RemoteStartupError as exc:
-            raise StartupError(str(exc)) from None
-        self.ops.remote = self.remote
-        log.info("remote_tier", remote=str(self.remote.url), run=self.remote.run_id,
-                 state=self.remote.state, reason=self.remote.reason or None)
-
-    def _catch_up_with_step(self) -> None:
-        """Apply the policy at the stored step before the kernel sees any name.
-
-        A step advance stores the step, then evicts in a second transaction:
-        a daemon killed between the two left the step advanced and nothing
-        evicted. Evicting at start finishes such an advance (and applies a
-        policy made stricter since the last run); with nothing due it costs a
-        range scan per step index.
-        """
-        if self.remote is not None and not self.remote.writable():
-            return  # another worker holds the run: this store stays as it is
-        try:
-            report = self.evictor.run()
-            deleted = self.snapshots.apply_retention()
-        except StoreError as exc:  # a full disk, say: the next step advance retries
-            log.warning("catch_up_failed", error=str(exc))
-            return
-        finally:
-            self.evictor.take_invalidations()  # not mounted yet: the kernel holds no names
-        if report["files"] or deleted:
-            log.info("caught_up_with_step", step=report["step"], evicted=report["files"],
-                     bytes=report["bytes"], snapshots_deleted=deleted)
-
-    def _render_status(self) -> bytes:
-        from .status import live_status
-
-        return json.dumps(live_status(self), indent=2).encode() + b"\n"
+            self.metrics = start_metrics_server(target, self.config.metrics_port)
 
     def mount_options(self) -> set[str]:
         opts = {"fsname=vfsd", "subtype=vfsd", "default_permissions"}
@@ -257,30 +154,37 @@ class Daemon:
             opts.add("allow_other")
         return opts
 
+    def ready_info(self) -> dict:
+        return {"read_only": False}
+
     # ------------------------------------------------------------------ run
 
     async def main(self, ready) -> None:
         from vfsd.control.server import ControlServer
 
-        control = ControlServer(self)
+        from .stalls import watch_from_env
+
+        watch_from_env()
+        control = ControlServer(self.control_host, self.run.sock, self.config)
         async with trio.open_nursery() as nursery:
             await nursery.start(control.serve)
-            if self.remote is not None:
-                await self.remote.start(nursery)
+            await self._start_tasks(nursery)
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             nursery.start_soon(self._fuse_main, nursery.cancel_scope)
-            nursery.start_soon(self.ops.run_invalidator)
-            nursery.start_soon(self.settler.run)
-            nursery.start_soon(self.evictor.run_rechecks)
             nursery.start_soon(self._sync_loop)
             if self.config.commit_window > 0:
                 nursery.start_soon(self._group_commits, self.config.commit_window)
-            nursery.start_soon(self._journal_loop)
             nursery.start_soon(trio.to_thread.run_sync, self._tune_readahead)
             await trio.sleep(0)
             ready()
             log.info("mounted", mountpoint=str(self.run.mountpoint), store=str(self.store_dir),
-                     volume=self.volume, version=__version__, pid=os.getpid())
+                     version=__version__, pid=os.getpid(), **self._mounted_fields())
+
+    async def _start_tasks(self, nursery: trio.Nursery) -> None:
+        """The subclass's own tasks (its volumes')."""
+
+    def _mounted_fields(self) -> dict:
+        return {}
 
     async def _group_commits(self, window: float) -> None:
         """Commit each group of requests `window` seconds after it opened
@@ -343,17 +247,9 @@ class Daemon:
             try:
                 if self.store.durability.pending():
                     await trio.to_thread.run_sync(self.store.sync)
-                self.store.delete_synced(self.ops.files.files.__contains__)
+                self.store.delete_synced(self.in_use)
             except StoreError as exc:
                 log.error("sync_failed", error=str(exc))
-
-    async def _journal_loop(self) -> None:
-        """Keep the running step's timeline record current (see `fuse.journal`)."""
-        from vfsd.fuse.journal import FLUSH_INTERVAL
-
-        while True:
-            await trio.sleep(FLUSH_INTERVAL)
-            self.ops.journal.flush_if_changed()
 
     def _tune_readahead(self) -> None:
         """Let the kernel read ahead a whole chunk (it starts at 128 KiB).
@@ -388,6 +284,183 @@ class Daemon:
         notify.notify("STOPPING=1")
         pyfuse3.terminate()
 
+    def shutdown(self) -> None:
+        """Commit buffers, free what the kernel no longer references, close."""
+        if self.metrics is not None:
+            self.metrics.close()  # a scrape must not read a closing store
+        self._shutdown_volumes()
+        if self.store is not None:
+            self.store.on_chunk_files = None
+            self.store.sync()
+            self.store.close()
+        self._after_close()
+        if self._hold_fd is not None:
+            os.close(self._hold_fd)
+            self._hold_fd = None
+        for path in (self.run.sock, self.run.pidfile):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _shutdown_volumes(self) -> None:
+        for volume in self.served():
+            volume.shutdown()
+
+    def _after_close(self) -> None:
+        """What the subclass lets go of once the store is closed."""
+
+    def abandon(self) -> None:
+        """After a failed start: give back what `prepare` took on the way."""
+
+
+class Daemon(DaemonBase):
+    """A run dir's daemon: one volume, seen at the mount's root."""
+
+    def __init__(self, run: RunDir, config: Config, store_dir: Path, volume: str,
+                 resume_from: str | None = None) -> None:
+        super().__init__(run, config, store_dir)
+        self.volume_name = volume
+        self.resume_from = resume_from
+        self.remote: RemoteTier | None = None
+        self.volume: Volume | None = None
+        self._lock_fd: int | None = None
+        self._process_handlers = None
+
+    # The one volume's parts, under the names the rest of vfsd knows a daemon by.
+    ops = property(lambda self: self.volume.ops if self.volume else None)
+    evictor = property(lambda self: self.volume.evictor if self.volume else None)
+    snapshots = property(lambda self: self.volume.snapshots if self.volume else None)
+    snapservice = property(lambda self: self.volume.snapservice if self.volume else None)
+    settler = property(lambda self: self.volume.settler if self.volume else None)
+
+    def served(self) -> list[Volume]:
+        return [self.volume] if self.volume is not None else []
+
+    def in_use(self, vol: int, ino: int) -> bool:
+        v = self.volume
+        return v is not None and vol == v.store.vol and ino in v.files.files
+
+    @property
+    def control_host(self):
+        return self
+
+    @property
+    def peers(self):
+        """The processes that reached the control socket (they may name tool calls)."""
+        return self.volume.ops.provenance.peers
+
+    # ------------------------------------------------------- control host
+
+    def handlers_for(self, op: str, req: dict):
+        """(handler, volume) for a request: the process's own ops, or the one volume's."""
+        fn = self.process_handlers.table.get(op)
+        if fn is not None:
+            return fn, None
+        return self.volume.control.handler(op), self.volume
+
+    def known_ops(self) -> list[str]:
+        return sorted({*self.process_handlers.table, *self.volume.control.ops_known()})
+
+    @property
+    def process_handlers(self):
+        if self._process_handlers is None:
+            from vfsd.control.handlers import ProcessHandlers
+
+            self._process_handlers = ProcessHandlers(self.run.mountpoint, self.stop_serving)
+        return self._process_handlers
+
+    # --------------------------------------------------------------- setup
+
+    def prepare(self) -> None:
+        """Everything that can fail before mounting, with clear messages."""
+        self._check_fuse()
+        try:
+            self._prepare()
+        except OSError as exc:
+            raise StartupError(f"cannot prepare {self.run.path}: {exc}") from None
+
+    def _prepare(self) -> None:
+        self._prepare_mountpoint()
+        try:
+            self._lock_fd = lock_volume(self.store_dir, self.volume_name)
+        except StoreLocked as exc:
+            raise StartupError(str(exc)) from None
+        self._hold_store()
+        if self.resume_from is not None and self.config.remote_url is None:
+            raise StartupError("--from needs --remote s3://BUCKET/PREFIX (or remote_url in "
+                               "the config): where the run was published")
+        if self.config.remote_url is not None:
+            self.remote = _remote_tier(self.config.remote_url, self.config)
+            self.remote.on_wait = self.on_wait
+            self.remote.on_progress = self.on_progress
+        try:
+            if self.resume_from is not None:
+                from vfsd.remote.remotetier import RemoteStartupError
+
+                try:
+                    self.store = self.remote.resume(self.store_dir, self.resume_from,
+                                                    self._open_store)
+                except RemoteStartupError as exc:
+                    raise StartupError(str(exc)) from None
+            else:
+                self.store = self._open_store()
+        except StoreVersionError as exc:
+            raise StartupError(str(exc)) from None
+        self.run.record_store(self.store_dir, self.volume_name)
+        self._fix_chunk_size()
+        self.volume = Volume(self.store, self.config, self.run,
+                             stop_serving=self.stop_serving)
+        self.volume.ops.in_use = self.in_use
+        self._prepare_remote()
+        self.volume.prepare()
+        # What a crash (or the start itself) left waiting for a sync goes now.
+        gone = self.store.finish_deletes()
+        if gone:
+            log.info("deletes_finished", files=gone)
+        self._start_metrics(self)
+
+    def _open_store(self, *, create: bool = True, chunk_size: int | None = None) -> Store:
+        """The daemon's one handle on its volume. A resume opens it through
+        this (with the run's chunk size for a new store) and may find a
+        volume its last attempt left incomplete."""
+        return Store(self.store_dir, self.volume_name, create=create,
+                     chunk_size=chunk_size or self.config.chunk_size,
+                     inline_max=self.config.inline_max, defer_deletes=True,
+                     incomplete_ok=self.resume_from is not None)
+
+    def _prepare_remote(self) -> None:
+        """A store with a remote (given now or recorded earlier) gets its remote tier."""
+        if self.remote is None:
+            url = remotestate.remote_url(self.store)
+            if url is None:
+                return
+            self.remote = _remote_tier(url, self.config)
+            self.remote.on_wait = self.on_wait
+        from vfsd.remote.remotetier import RemoteStartupError
+
+        try:
+            self.remote.attach(self.store, self.snapshots)
+        except RemoteStartupError as exc:
+            raise StartupError(str(exc)) from None
+        self.volume.attach_remote(self.remote)
+        log.info("remote_tier", remote=str(self.remote.url), run=self.remote.run_id,
+                 state=self.remote.state, reason=self.remote.reason or None)
+
+    @property
+    def operations(self):
+        return self.ops
+
+    # ------------------------------------------------------------------ run
+
+    async def _start_tasks(self, nursery: trio.Nursery) -> None:
+        if self.remote is not None:
+            await self.remote.start(nursery)
+        await nursery.start(self.volume.serve)
+
+    def _mounted_fields(self) -> dict:
+        return {"volume": self.volume_name}
+
     def ready_info(self) -> dict:
         """What `vfsd mount` says once mounted: read-only or not, and why."""
         if self.remote is None:
@@ -409,41 +482,66 @@ class Daemon:
                         count=len(left), run=self.remote.run_id,
                         detail="kept in the local store; published by the next mount")
 
-    def shutdown(self) -> None:
-        """Commit buffers, free what the kernel no longer references, close."""
+    def _shutdown_volumes(self) -> None:
         if self.remote is not None and self.remote.publisher is not None \
                 and self.store is not None:
             self._warn_unpublished()
-        if self.metrics is not None:
-            self.metrics.close()  # a scrape must not read a closing store
-        if self.ops is not None:
-            self.ops.forget_all()
-            if self.remote is None or self.remote.writable():
-                self.ops.journal.flush()
-                try:
-                    self.evictor.flush_uses()  # the opens of the last step
-                except StoreError as exc:
-                    log.warning("uses_not_recorded", error=str(exc))
-        if self.store is not None:
-            self.store.on_chunk_files = None
-            self.store.sync()
-            self.store.close()
+        super()._shutdown_volumes()
+
+    def _after_close(self) -> None:
         if self.remote is not None:
             self.remote.close()
-        if self._hold_fd is not None:
-            os.close(self._hold_fd)
-            self._hold_fd = None
-        for path in (self.run.sock, self.run.pidfile):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+
+    def abandon(self) -> None:
+        if self.remote is not None:
+            self.remote.close()  # a lease taken on the way is given back
 
 
 def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
                ready_fd: int | None = None, log_to_stderr: bool = False,
                resume_from: str | None = None) -> int:
-    """Run until unmounted. Reports readiness (or the startup error) on `ready_fd`."""
+    """Serve one run dir until unmounted (see `serve_process`)."""
+    return serve_process(run, config, lambda: Daemon(run, config, store_dir, volume,
+                                                     resume_from=resume_from),
+                         ready_fd=ready_fd, log_to_stderr=log_to_stderr)
+
+
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def shown_path(path: Path) -> str:
+    """A path as a process title shows it: bytes that are not UTF-8 and
+    control characters as \\xNN escapes."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
+def set_process_title(title: str, short: str) -> None:
+    """Name this process for `ps` (its command line becomes `title`) and
+    `top` (its name, 15 bytes at most, becomes `short`): a machine's daemons
+    then say what each serves instead of all being `python -m ...`.
+
+    The title takes the room of the process's own arguments only (cut if
+    longer): the environment next to them stays as it was, so
+    /proc/PID/environ still shows what the process runs with."""
+    try:
+        import setproctitle
+    except ImportError:  # a cosmetic: never a reason not to serve
+        return
+    ours = "SPT_NOENV" not in os.environ
+    os.environ.setdefault("SPT_NOENV", "1")  # read at setproctitle's first call
+    try:
+        setproctitle.setproctitle(title)
+    finally:
+        if ours:
+            os.environ.pop("SPT_NOENV", None)
+    setproctitle.setthreadtitle(short.encode()[:15].decode("utf-8", "ignore"))
+
+
+def serve_process(run: RunDir, config: Config, build, *, ready_fd: int | None = None,
+                  log_to_stderr: bool = False) -> int:
+    """Run the daemon `build()` makes until unmounted. Reports readiness (or
+    the startup error) on `ready_fd`."""
 
     # The ready pipe (`vfsd mount` reads it; spawn_daemon documents the lines):
     # WAIT lines while starting, then one READY or ERROR line, and it is closed.
@@ -475,7 +573,8 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     run.state.mkdir(parents=True, exist_ok=True, mode=0o700)
     stream = sys.stderr if log_to_stderr else open(run.log, "a", buffering=1)
     setup_logging(config.log_level, stream)
-    daemon = Daemon(run, config, store_dir, volume, resume_from=resume_from)
+    daemon = build()
+    set_process_title(*daemon.titles())
     daemon.on_wait = on_wait
     daemon.on_progress = on_progress
     try:
@@ -483,12 +582,11 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     except StartupError as exc:
         log.error("startup_failed", error=str(exc))
         report(f"ERROR {exc}")
-        if daemon.remote is not None:
-            daemon.remote.close()  # a lease taken on the way is given back
+        daemon.abandon()
         return 1
     run.pidfile.write_text(str(os.getpid()))
     try:
-        pyfuse3.init(daemon.ops, str(run.mountpoint), daemon.mount_options())
+        pyfuse3.init(daemon.operations, str(run.mountpoint), daemon.mount_options())
     except Exception as exc:
         log.error("mount_failed", error=str(exc))
         report(f"ERROR cannot mount {run.mountpoint}: {exc}")
@@ -514,3 +612,21 @@ def run_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
         daemon.shutdown()
         log.info("stopped", code=code)
     return code
+
+
+def _device_access(path: str) -> str:
+    """`mode 0600, owner root, group root` of a device node, for an error message."""
+    import grp
+    import pwd
+    import stat
+
+    st = os.stat(path)
+
+    def name(lookup, number: int) -> str:
+        try:
+            return lookup(number)[0]
+        except KeyError:
+            return str(number)
+
+    return (f"mode {stat.S_IMODE(st.st_mode):04o}, owner {name(pwd.getpwuid, st.st_uid)}, "
+            f"group {name(grp.getgrgid, st.st_gid)}")

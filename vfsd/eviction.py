@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import time
 
-import pyfuse3
 import structlog
 import trio
 
@@ -162,6 +161,8 @@ class Evictor:
         self.pending_invalidations: list[tuple[int, bytes, int]] = []
         # Called after the step advances (snapshot retention by age).
         self.after_step = None
+        #: awaited before a background recheck (the volume's: waits while it is held)
+        self.gate = None
         # What the last quota pass could not take, and the last ENOSPC refusal
         # of the quota or max_files (None once a write that needed room got it).
         self.held = HeldBack()
@@ -222,6 +223,16 @@ class Evictor:
     def _judge(self, step: int, extra_bytes: int, extra_files: int,
                exclude: int | None) -> dict[int, tuple[str, dict, bool]]:
         """ino -> (reason, extra record fields, held: it or a file of its unit is open)."""
+        steps = self._judge_in_steps(step, extra_bytes, extra_files, exclude, None)
+        try:
+            while True:
+                next(steps)
+        except StopIteration as done:
+            return done.value
+
+    def _judge_in_steps(self, step: int, extra_bytes: int, extra_files: int,
+                        exclude: int | None, budget: float | None):
+        """`_judge`, yielding every `budget` seconds of work (None: never)."""
         self.flush_uses()
         cfg, rules = self.config, self.policy.rules
         scope = Scope(self.store)
@@ -231,12 +242,18 @@ class Evictor:
         # then judged by its own rule.
         retention = rules.lowest("done_retention_steps", cfg.done_retention_steps)
         max_age = rules.lowest("max_age_steps", cfg.max_age_steps)
+        started = time.perf_counter()
         for index, before in (("donestep", step - retention), ("agestep", step - max_age)):
             found = [ino for _, ino in self.store.scan_index(index, before_step=before)]
-            placed = self.store.placed(ino for ino in found if ino not in seen)
-            for ino in found:
-                if ino not in seen:
-                    self._consider(ino, step, scope, decided, seen, placed.get(ino))
+            for i in range(0, len(found), 256):
+                part = found[i:i + 256]
+                placed = self.store.placed(ino for ino in part if ino not in seen)
+                for ino in part:
+                    if ino not in seen:
+                        self._consider(ino, step, scope, decided, seen, placed.get(ino))
+                if budget is not None and time.perf_counter() - started > budget:
+                    yield
+                    started = time.perf_counter()
         if cfg.quota_bytes is not None or cfg.max_files is not None:
             self._plan_limits(decided, scope, extra_bytes, extra_files, exclude)
         return decided
@@ -422,14 +439,47 @@ class Evictor:
         Open files (and the units they are in) are left alone; the open ones
         are listed under `deferred`.
         """
+        steps = self.run_in_steps(step, dry_run=dry_run, extra_bytes=extra_bytes,
+                                  extra_files=extra_files, exclude=exclude, budget=None)
+        try:
+            while True:
+                next(steps)
+        except StopIteration as done:
+            return done.value
+
+    #: seconds of removals per transaction of a pass made in steps
+    STEP_BUDGET_S = 0.005
+
+    def run_in_steps(self, step: int | None = None, *, dry_run: bool = False,
+                     extra_bytes: int = 0, extra_files: int = 0, exclude: int | None = None,
+                     budget: float | None = STEP_BUDGET_S):
+        """`run`, the removals cut into transactions of about `budget` seconds
+        each (None: one): a generator that yields between them and returns the
+        report. The caller holds the volume, so what was judged stays true. A
+        daemon that stops half way leaves files that are still due: its next
+        start evicts them (`Volume.prepare`), units whole."""
         t0 = time.perf_counter()
         current = self.store.get_step()
         step = current if step is None else step
-        decided = self._judge(step, extra_bytes, extra_files, exclude)
+        decided = yield from self._judge_in_steps(step, extra_bytes, extra_files, exclude,
+                                                  budget)
         due = [(ino, r, e) for ino, (r, e, held) in decided.items() if not held]
         open_files = self.files.files
         held = [(ino, r, e) for ino, (r, e, h) in decided.items() if h and ino in open_files]
-        records = self._apply(due, step, dry_run)
+        if budget is None or dry_run:
+            records = self._apply(due, step, dry_run)
+        else:
+            records = []
+            size, i = 64, 0
+            while i < len(due):
+                started = time.perf_counter()
+                part = due[i:i + size]
+                records += self._apply(part, step, dry_run, units_last=True)
+                i += len(part)
+                took = time.perf_counter() - started
+                size = max(8, min(4096, int(size * budget / max(took, 1e-4))))
+                yield i, len(due)
+            self._remove_units(due)
         deferred = [self._deferral(ino, reason, extra) for ino, reason, extra in held]
         if not dry_run:
             for ino, reason, _ in held:
@@ -456,8 +506,10 @@ class Evictor:
         return report
 
     def _apply(self, victims: list[tuple[int, str, dict]], step: int,
-               dry_run: bool) -> list[dict]:
-        """Eviction records for closed files `victims`; removed unless `dry_run`."""
+               dry_run: bool, *, units_last: bool = False) -> list[dict]:
+        """Eviction records for closed files `victims`; removed unless `dry_run`
+        (the rest of their units too, unless `units_last`: the caller does it
+        once every batch is done, `_remove_units`)."""
         # The judge found each path already (`extra["path"]`), a quota victim's not.
         facts = self.store.eviction_facts(
             [ino for ino, _, _ in victims],
@@ -477,9 +529,15 @@ class Evictor:
             removed = self.store.evict([(r["ino"], r) for r in records])
             self._tell_kernel(removed)
             self.evicted_total += len(records)
-            for unit in sorted(units):
-                self._remove_unit_rest(unit)
+            if not units_last:
+                for unit in sorted(units):
+                    self._remove_unit_rest(unit)
         return records
+
+    def _remove_units(self, victims: list[tuple[int, str, dict]]) -> None:
+        for unit in sorted({extra["unit_ino"] for _, _, extra in victims
+                            if "unit_ino" in extra}):
+            self._remove_unit_rest(unit)
 
     def _remove_unit_rest(self, unit: int) -> None:
         """A unit goes whole: its directories (its own included), symlinks and
@@ -539,6 +597,8 @@ class Evictor:
     async def run_rechecks(self) -> None:
         """The background task: deferred files are reconsidered once closed."""
         async for ino in self._recheck_recv:
+            if self.gate is not None:
+                await self.gate()  # nothing changes under a long operation
             batch = {ino}
             while True:
                 try:
@@ -575,22 +635,32 @@ class Evictor:
         pending, self.pending_invalidations = self.pending_invalidations, []
         return pending
 
-    @staticmethod
-    def invalidate_now(pending: list[tuple[int, bytes, int]]) -> None:
+    def invalidate_now(self, pending: list[tuple[int, bytes, int]]) -> None:
         """Tell the kernel and wait for it; run in a worker thread, never in a handler."""
+        kernel = self.ops.kernel
         for parent, name, ino in pending:
             try:
-                pyfuse3.invalidate_entry(parent, name, deleted=ino)
+                kernel.invalidate_entry(parent, name, deleted=ino)
             except OSError:
                 pass  # not in the kernel's cache: nothing to drop
 
     def set_step(self, step: int) -> dict:
+        steps = self.set_step_in_steps(step, budget=None)
+        try:
+            while True:
+                next(steps)
+        except StopIteration as done:
+            return done.value
+
+    def set_step_in_steps(self, step: int, *, budget: float | None = STEP_BUDGET_S):
+        """Advance to `step` and evict what is due, the removals in steps (a
+        generator returning the report, see `run_in_steps`)."""
         current = self.store.get_step()
         if step < current:
             raise errors.InvalidArgument(f"step {step} is before the current step {current}")
         self.ops.journal.advance(step)  # the record of the step that ends (timeline)
         self.store.set_step(step)
-        report = self.run(step)
+        report = yield from self.run_in_steps(step, budget=budget)
         if self.after_step is not None:
             report["snapshots_deleted"] = self.after_step()
         return report

@@ -40,6 +40,8 @@ unless `quarantine` (`vfsd fsck --repair --quarantine`) moves them into
 from __future__ import annotations
 
 import json
+import os
+import re
 import stat
 import struct
 from collections import Counter, defaultdict
@@ -57,7 +59,7 @@ from vfsd.store.lmdbcheck import check_readable
 from vfsd.store.store import ROOT_INO, Store, _get_u64
 
 from . import errors
-from .rundir import lock_volume
+from .rundir import SHARD_LOCK, lock_volume
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -93,8 +95,22 @@ def volumes(store: Store) -> dict[str, int]:
 
 
 def lock_all(store: Store) -> list[int]:
-    """Every volume's lock; StoreLocked if a daemon holds one."""
-    return [lock_volume(store.dir, name) for name in volumes(store)]
+    """The shard lock and every volume's lock; StoreLocked if a daemon holds
+    one (a shard daemon holds the shard lock alone, for all its volumes)."""
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(lock_volume(store.dir, SHARD_LOCK))
+        except errors.StoreLocked as exc:
+            pid = re.search(r"\(pid [0-9]+\)", str(exc))
+            raise errors.StoreLocked(f"store {store.dir} is served by a shard daemon"
+                                     + (f" {pid[0]}" if pid else "")) from None
+        fds += [lock_volume(store.dir, name) for name in volumes(store)]
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
 
 
 def readable(store_dir) -> FsckReport | None:

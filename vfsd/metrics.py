@@ -101,8 +101,8 @@ class DaemonCollector(Collector):
             {
                 "version": __version__,
                 "mountpoint": str(d.run.mountpoint),
-                "store": str(d.store_dir),
-                "volume": d.volume,
+                "store": str(d.store.dir),
+                "volume": d.store.volume,
             },
         )
         yield info

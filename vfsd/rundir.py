@@ -24,6 +24,9 @@ from . import MOUNT_DIRNAME, STATE_DIRNAME
 from .errors import StoreLocked
 
 _MOUNTINFO_ESCAPE = re.compile(rb"\\([0-7]{3})")
+#: the lock a shard daemon holds on its whole store (`lock_volume`'s name for it):
+#: no other daemon, and no fsck, may open the store meanwhile
+SHARD_LOCK = "\0shard"
 
 
 @dataclass
@@ -36,6 +39,11 @@ class RunDir:
     @property
     def mountpoint(self) -> Path:
         return self.path / MOUNT_DIRNAME
+
+    @property
+    def mount_root(self) -> Path:
+        """The FUSE mount (a run dir's volume is seen at its root)."""
+        return self.mountpoint
 
     @property
     def state(self) -> Path:
@@ -185,6 +193,28 @@ def syncfs(path: Path) -> None:
             raise OSError(err, os.strerror(err))
     finally:
         os.close(fd)
+
+
+#: sync_file_range(2): wait for writeback in flight, start it, wait for it
+_SYNC_RANGE_ALL = 1 | 2 | 4
+
+
+def write_back(paths: list[Path]) -> None:
+    """Write back the kernel's dirty pages of each file in `paths` (what
+    syncfs does for a whole filesystem); a file that is gone is skipped.
+    Blocks: a worker thread."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue  # renamed or removed since: its pages went with it, or stay its own
+        try:
+            libc.sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(0), _SYNC_RANGE_ALL)
+        finally:
+            os.close(fd)
 
 
 def remove_stale_mount(mountpoint: Path) -> bool:

@@ -4,7 +4,8 @@
 
 SPEC_JSON is one JSON object, written by `vfsd mount` (never by hand):
 {"run_dir", "store", "volume", "config" (a Config as a dict), "ready_fd"
-(int or null: where READY or ERROR is written), "resume_from" (or null)}.
+(int or null: where READY or ERROR is written), "resume_from" (or null),
+"shard" (true: serve every volume of the store, see `vfsd.shard`)}.
 It loads only what a daemon needs: no argument parser, no click.
 """
 
@@ -26,6 +27,11 @@ from .rundir import RunDir  # noqa: E402
 def serve(spec: dict) -> int:
     """Run the daemon `spec` describes (see the module docstring) until unmounted."""
     config = Config(**spec["config"]).validate()
+    if spec.get("shard"):
+        from .shard import run_shard
+
+        return run_shard(RunDir(Path(spec["run_dir"])), config, Path(spec["store"]),
+                         ready_fd=spec.get("ready_fd"))
     return run_daemon(RunDir(Path(spec["run_dir"])), config, Path(spec["store"]),
                       spec["volume"], ready_fd=spec.get("ready_fd"),
                       resume_from=spec.get("resume_from"))

@@ -14,7 +14,7 @@ def store_status(store) -> dict:
     logical = c["logical_bytes"]
     inline = c["inline_bytes"]
     stored = c["blob_bytes"] + c["chunk_bytes"]
-    return {
+    doc = {
         "version": __version__,
         "store": str(store.dir),
         "volume": store.volume,
@@ -30,14 +30,68 @@ def store_status(store) -> dict:
         "blob_count": c["blob_count"],
         "blob_bytes": c["blob_bytes"],
         "xattr_bytes": c["xattr_bytes"],
+        # Content the whole store holds (deduplicated; older versions that
+        # snapshots keep included), for every volume of it together.
         "stored_bytes": stored,
-        "dedup_ratio": round(logical / stored, 3) if stored else 1.0,
+        "store_volumes": volume_count(store),
+        # stored / logical: below 1, what dedup saved; None when the store
+        # holds other volumes too (its stored bytes are theirs together).
+        "stored_ratio": None,
         "snapshots": _snapshot_summary(store),
         # Graph checkpoints whose files their checkpointer could not bind to a
         # snapshot (mount_tool's VfsdCheckpointer counts them; a run from one refuses).
         "unbound_checkpoints": c["unbound_checkpoints"],
         "remote": _remote_summary(store),
     }
+    if doc["store_volumes"] <= 1:
+        doc["stored_ratio"] = stored_ratio(stored, logical)
+    return doc
+
+
+def stored_ratio(stored: int, logical: int) -> float | None:
+    """Stored bytes per logical byte (0.25: dedup saved 75%; above 1: snapshots
+    keep more older content than dedup saves); None with no logical bytes."""
+    return round(stored / logical, 3) if logical else None
+
+
+def volume_count(store) -> int:
+    """How many volumes the store holds (its run dirs, forks, a shard's threads)."""
+    with store.txn() as txn:
+        return txn.stat(store.db["volume"])["entries"]
+
+
+def recorded_thread(view) -> str | None:
+    """The graph thread id a volume records (a shard's `thread` meta), if any."""
+    raw = view.meta_bytes(b"thread")
+    return raw.decode("utf-8", "surrogatepass") if raw is not None else None
+
+
+def volume_summary(view) -> dict:
+    """One volume of a store in a few numbers (a shard's `volumes` request,
+    and `vfsd threads` / `vfsd status` on a store no daemon serves)."""
+    from vfsd.snapshots.snapshots import Snapshots
+
+    c = view.counters()
+    count, newest = Snapshots(view).count_and_newest()
+    return {"volume": view.volume, "thread": recorded_thread(view), "step": c["step"],
+            "files": c["files"], "bytes": c["logical_bytes"], "snapshots": count,
+            "last_snapshot": newest["id"] if newest else None,
+            "last_snapshot_ns": newest.get("created_ns") if newest else None,
+            "incomplete": bool(view.meta_u64(b"incomplete"))}
+
+
+def store_summary(store) -> dict:
+    """What a store holds for all its volumes together: content objects and
+    their bytes, the LMDB file's size on disk."""
+    c = store.counters()
+    try:
+        lmdb_bytes = (store.dir / "lmdb" / "data.mdb").stat().st_size
+    except OSError:
+        lmdb_bytes = None
+    return {"store": str(store.dir), "volumes": volume_count(store),
+            "chunk_count": c["chunk_count"], "chunk_bytes": c["chunk_bytes"],
+            "blob_count": c["blob_count"], "blob_bytes": c["blob_bytes"],
+            "stored_bytes": c["blob_bytes"] + c["chunk_bytes"], "lmdb_bytes": lmdb_bytes}
 
 
 def _snapshot_summary(store) -> dict:

@@ -21,7 +21,7 @@ for every command):
 - **Errors on stderr, never on stdout:** `fail(message, code)` prints
   `vfsd: message` and exits. Exit codes (`EXIT_*` below): 0 done, 1 failed,
   2 bad input (click's usage errors too), and the verb-specific ones listed
-  there (each documented in the README's command table and tested). A warning
+  there (each documented in the command table of docs/operations.md and tested). A warning
   that does not change the outcome goes to stderr too (`warn`).
 - **Inputs as a tired user types them:** sizes take units (`SIZE`, `10G`,
   `256MiB`); paths inside the mount may be relative to its root or absolute.
@@ -37,6 +37,7 @@ for every command):
 from __future__ import annotations
 
 from . import (  # noqa: F401  (registers the verbs)
+    configcheck,
     eviction,
     fsck,
     gc,
@@ -50,6 +51,7 @@ from . import (  # noqa: F401  (registers the verbs)
     stats,
     status,
     sync,
+    threads,
     timeline,
     unevict,
     warmup,

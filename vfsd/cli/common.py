@@ -15,10 +15,10 @@ from pathlib import Path
 import click
 
 from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
-from vfsd.rundir import RunDir, pid_alive
+from vfsd.rundir import RunDir, mount_state, pid_alive
 
 # Exit codes. 0, 1 and 2 mean the same for every verb; the others belong to
-# the verbs named and are documented in the README's command table.
+# the verbs named and are documented in the command table (docs/operations.md).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad input: click's own usage errors use 2 as well
@@ -59,6 +59,17 @@ def rows(pairs: list[tuple[str, object]]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in pairs)
 
 
+def table(header: tuple[str, ...], body: list[tuple[str, ...]],
+          right: frozenset[int] = frozenset()) -> list[str]:
+    """Aligned columns, a header line first: the text form of a list (the
+    columns at the indexes in `right` aligned right, as numbers are)."""
+    out = [header, *body]
+    widths = [max(len(r[i]) for r in out) for i in range(len(header))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+            for r in out]
+
+
 def emit(doc, as_json: bool, text=None) -> None:
     """Print a verb's answer: `doc` as JSON with --json, else `text(doc)` (a str
     or lines); without `text` the doc is printed as compact JSON either way."""
@@ -87,6 +98,38 @@ def printable(text: str) -> str:
     terminal takes ESC sequences as orders (set the title, write the
     clipboard, hide lines)."""
     return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
+#: what `escaped` leaves as it is: printable ASCII but the backslash
+_PLAIN = re.compile(r"[!-\[\]-~]*")
+
+
+def escaped(text: str, errors: str = "surrogatepass") -> str:
+    """`text` as one field of a line: spaces, control characters, backslashes
+    and everything beyond ASCII as `\\xNN` escapes of its UTF-8 bytes, as
+    the access log writes paths (`vfsd.fuse.accesslog.escape`). Unambiguous
+    (two texts never look alike), free of spaces, and safe for a terminal:
+    a thread id may hold ESC sequences, bidi overrides or invisible
+    characters. Lone surrogates (a thread id decoded from JSON may hold one)
+    are written as the bytes they are hashed as (UTF-8, surrogatepass); a
+    path's undecodable bytes as they are with `errors="surrogateescape"`."""
+    if _PLAIN.fullmatch(text):
+        return text
+    out = []
+    for ch in text:
+        if ch != "\\" and "!" <= ch <= "~":
+            out.append(ch)
+        else:
+            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", errors))
+    return "".join(out)
+
+
+def shown_id(thread_id: str | None) -> str:
+    """A thread id for a terminal: in quotes (the empty id shows), escaped as
+    `escaped` does, a quote inside as \\x22."""
+    if thread_id is None:
+        return "?"
+    return '"' + escaped(thread_id).replace('"', "\\x22") + '"'
 
 
 def json_option(fn):
@@ -241,3 +284,28 @@ def call(run_path: Path, op: str, /, client_timeout: float = 60.0, **args) -> di
 def running(run: RunDir) -> bool:
     """True when RUN_DIR's daemon process is alive."""
     return pid_alive(run.read_pid())
+
+
+def daemon_state(run: RunDir, doc: dict) -> dict:
+    """running, unmounted, unresponsive, or dead (a daemon that went away
+    without unmounting); `doc` is what the daemon answered (`running`, `pid`)."""
+    if doc.get("running"):
+        return {"state": "running", "pid": doc.get("pid")}
+    pid = run.read_pid()
+    try:
+        mount = mount_state(run.mountpoint)
+    except OSError:
+        mount = "stale"
+    if mount == "stale" or (pid is not None and not pid_alive(pid)):
+        return {"state": "dead", "pid": pid, "mount": mount,
+                "advice": (f"the daemon of {run.path}"
+                           + (f" (pid {pid})" if pid else "")
+                           + " is dead" + (f" and {run.mountpoint} is a stale mount "
+                                           "(\"Transport endpoint is not connected\")"
+                                           if mount == "stale" else "")
+                           + f"; see {run.log}. `vfsd umount {run.path}` cleans up; "
+                             f"`vfsd mount {run.path}` cleans up and mounts again")}
+    if pid is not None and pid_alive(pid):
+        return {"state": "unresponsive", "pid": pid,
+                "advice": f"the daemon (pid {pid}) runs but does not answer; see {run.log}"}
+    return {"state": "unmounted", "pid": None}

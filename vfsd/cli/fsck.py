@@ -13,6 +13,7 @@ from vfsd.rundir import RunDir
 
 from .common import cli, fail, json_option, printable
 from .gc import remote_store
+from .runsroot import shard_of_root, shard_store
 
 
 @cli.command()
@@ -30,7 +31,7 @@ from .gc import remote_store
 @json_option
 def fsck(target: Path, repair: bool, verify: bool, quarantine: bool, check_remote: bool,
          config_path: Path | None, as_json: bool) -> None:
-    """Check a store (RUN_DIR or a --store directory) with no daemon on it.
+    """Check a store (RUN_DIR, a shard's run dir or a --store directory) with no daemon on it.
 
     In a store with a remote, chunks absent locally but uploaded are
     "remote-only", not damage; --remote checks that the bucket has them.
@@ -41,9 +42,11 @@ def fsck(target: Path, repair: bool, verify: bool, quarantine: bool, check_remot
     if quarantine and not repair:
         fail("--quarantine works with --repair", 2)
     if compact.exists(target):
-        store_dir, volume = target, None
+        store_dir = target
+    elif shard_of_root(target) is not None:  # ROOT/shards/legacy: its store is ROOT/store
+        store_dir = shard_store(target)
     else:
-        store_dir, volume = RunDir(target).store_location()
+        store_dir, _ = RunDir(target).store_location()
     try:
         # Finishes a compaction cut short (as every writer does first) and
         # keeps a new one off until fsck is done.
@@ -51,15 +54,14 @@ def fsck(target: Path, repair: bool, verify: bool, quarantine: bool, check_remot
     except StoreLocked as exc:
         fail(str(exc))
     try:
-        _fsck(store_dir, volume, repair, verify, as_json, check_remote, config_path,
-              quarantine)
+        _fsck(store_dir, repair, verify, as_json, check_remote, config_path, quarantine)
     finally:
         if hold is not None:
             os.close(hold)
 
 
-def _fsck(store_dir: Path, volume: str | None, repair: bool, verify: bool,
-          as_json: bool, check_remote: bool = False, config_path: Path | None = None,
+def _fsck(store_dir: Path, repair: bool, verify: bool, as_json: bool,
+          check_remote: bool = False, config_path: Path | None = None,
           quarantine: bool = False) -> None:
     from vfsd.errors import StoreLocked, StoreVersionError
     from vfsd.fsck import fsck as run_fsck
@@ -74,7 +76,8 @@ def _fsck(store_dir: Path, volume: str | None, repair: bool, verify: bool,
             _print_fsck(damage, damage, as_json)
             sys.exit(1)
     try:
-        st = Store(store_dir, volume, create=False)
+        # The whole store, every volume of it (a run dir's, a shard's, a shared one).
+        st = Store.base(store_dir, create=False)
     except StoreVersionError as exc:
         fail(str(exc))
     try:

@@ -87,6 +87,10 @@ def _sweep_text(doc: dict) -> str:
              ("manifests read", doc.get("manifests", 0)),
              ("chunks", f"{doc.get('chunks', 0)} ({human(doc.get('chunk_bytes', 0))})"),
              ("chunks named", doc.get("marked", 0)),
+             (f"deleted threads' runs ({verb})", f"{len(doc.get('runs_deleted', []))} "
+                                       f"({doc.get('run_objects_deleted', 0)} objects)"
+                                       + (f"; {len(doc['runs_refused'])} refused (see --json)"
+                                          if doc.get("runs_refused") else "")),
              ("kept, younger than grace", f"{doc.get('young', 0)} "
                                           f"(grace {doc.get('grace', 0):g} s)"),
              (verb, f"{count} chunk(s)" + ("" if doc.get("dry_run")

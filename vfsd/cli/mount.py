@@ -49,6 +49,9 @@ SAY_WAIT_AFTER_S = 1.0
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--store", type=click.Path(file_okay=False, path_type=Path),
               help="Store directory (shared stores dedup across run dirs) [RUN_DIR/.vfsd].")
+@click.option("--shard", is_flag=True,
+              help="Serve every volume of the store, each as a directory of RUN_DIR/fs "
+                   "(volumes are made through the control socket; see vfsd.shard).")
 @click.option("--foreground", "-f", is_flag=True, help="Run the daemon in this process.")
 @click.option("--log-stderr", is_flag=True, help="Log to stderr instead of RUN_DIR/.vfsd/vfsd.log.")
 @click.option("--from", "--resume-from", "resume_from", metavar="RUN_ID[@SNAPSHOT]",
@@ -61,7 +64,7 @@ SAY_WAIT_AFTER_S = 1.0
                    "and nothing is left mounted.")
 @json_option
 @config_options
-def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
+def mount(run_dir: Path, store: Path | None, shard: bool, foreground: bool, log_stderr: bool,
           resume_from: str | None, mount_timeout: float, as_json: bool,
           config_path: Path | None, **opts) -> None:
     """Mount RUN_DIR/fs, with the store in RUN_DIR/.vfsd unless --store says otherwise.
@@ -102,13 +105,24 @@ def mount(run_dir: Path, store: Path | None, foreground: bool, log_stderr: bool,
             os.chmod(run.state, 0o700)  # mkdir's mode is cut by the umask
     except OSError as exc:
         fail(f"cannot create {run.state}: {exc}", 2)
+    if shard and resume_from is not None:
+        fail("--shard starts from its store as it is (no --from)", 2)
+    if shard and config.metrics_port is not None:
+        fail("a shard serves no metrics endpoint (--metrics-port): `vfsd status --json` "
+             "and `vfsd threads --json` give its numbers", 2)
+    if shard:
+        store_dir = Path(os.path.abspath(store)) if store is not None else run.state
     if foreground:
         from vfsd.serve import run_daemon  # without the console extras (see serve)
 
+        if shard:
+            from vfsd.shard import run_shard
+
+            sys.exit(run_shard(run, config, store_dir, log_to_stderr=log_stderr))
         sys.exit(run_daemon(run, config, store_dir, volume, log_to_stderr=log_stderr,
                             resume_from=resume_from))
     info = spawn_daemon(run, config, store_dir, volume, resume_from, mount_timeout,
-                        progress=not as_json)
+                        progress=not as_json, shard=shard)
     doc = {"mountpoint": str(run.mountpoint), "store": str(store_dir), "volume": volume,
            **info}
     emit(doc, as_json, lambda d: f"vfsd: mounted {d['mountpoint']} (store {d['store']})")
@@ -194,7 +208,7 @@ class ForkedDaemon:
 
 def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
                  resume_from: str | None = None, timeout: float = MOUNT_TIMEOUT_S,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, shard: bool = False) -> dict:
     """Start the daemon and return once its mount answers; its ready info.
 
     The daemon writes lines on a pipe: `WAIT SECONDS TEXT` (it is about to wait
@@ -207,7 +221,8 @@ def spawn_daemon(run: RunDir, config: Config, store_dir: Path, volume: str,
     """
     rfd, wfd = os.pipe()
     spec = {"run_dir": str(run.path), "store": str(store_dir), "volume": volume,
-            "config": config.as_dict(), "ready_fd": wfd, "resume_from": resume_from}
+            "config": config.as_dict(), "ready_fd": wfd, "resume_from": resume_from,
+            "shard": shard}
     log_fd = os.open(run.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     if FORK_DAEMON:
         proc: subprocess.Popen | ForkedDaemon = ForkedDaemon(spec, log_fd)
@@ -413,10 +428,12 @@ def _publish_first(run: RunDir, deadline: float, force: bool) -> dict | None:
             with ControlClient(run.sock, timeout=30.0) as c:
                 return c.call(op)
         except ControlError as exc:
-            if exc.code == "no_remote":
+            if exc.code in ("no_remote", "unknown_op"):
                 return None
             raise
     try:
+        if ask("shard") is not None:
+            return None  # a shard: each run publishes what it made before it ends
         status = ask("publish_status")
         if status is None:
             return None

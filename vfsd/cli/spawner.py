@@ -9,7 +9,7 @@ command in a forked child; `vfsd mount` there forks the daemon too
 (`vfsd.cli.mount.FORK_DAEMON`), so a mount costs two forks, the store's
 opening and the FUSE mount.
 
-    python -m vfsd.cli.spawner FD
+    python -m vfsd.cli.spawner FD [ROOM]
 
 FD is one end of a Unix stream socketpair; the process that started it
 (mount_tool) holds the other and is the only one that can talk to it. Each
@@ -22,6 +22,11 @@ would have exited and printed. End of file on FD (the caller closed it, or
 died) ends the spawner; daemons it started run on, as daemons do.
 
 The spawner is single-threaded and opens no store, so forking it is safe.
+In `ps` it is `vfsd spawner for pid N` (N: the process it serves), a command
+it runs `vfsd ARGS...`, and the daemons it forks name what they serve
+(`vfsd.daemon.set_process_title`). A title takes the room of the process's
+arguments, which forked processes share with the spawner: ROOM, an argument
+of spaces alone, makes that room (mount_tool passes TITLE_ROOM of them).
 """
 
 from __future__ import annotations
@@ -34,20 +39,29 @@ import sys
 import tempfile
 
 from vfsd import serve  # noqa: F401 - first: the daemon's imports, without rich
+from vfsd.daemon import set_process_title
 
 from . import mount as mount_verb
-from .common import cli
+from .common import cli, printable
 
 #: bytes a command's request may take (its environment included)
 MAX_REQUEST = 1 << 20
+#: characters of a command's line its process title shows
+COMMAND_TITLE_CHARS = 400
+#: spaces of ROOM that give every process title (a daemon's names its run dir) room
+TITLE_ROOM = 2048
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: python -m vfsd.cli.spawner FD (started by mount_tool)", file=sys.stderr)
+    room_only = len(argv) == 1 or (len(argv) == 2 and not argv[1].strip(" "))
+    if not argv or not argv[0].isdigit() or not room_only:
+        print("usage: python -m vfsd.cli.spawner FD [ROOM] (started by mount_tool)",
+              file=sys.stderr)
         return 2
     ctl = socket.socket(fileno=int(argv[0]))
     mount_verb.FORK_DAEMON = True
+    # Named for `ps` and `top` (the daemons forked from here name themselves).
+    set_process_title(f"vfsd spawner for pid {os.getppid()}", "vfsd spawner")
     # What is loaded now stays shared with every daemon forked from here: the
     # collector would otherwise write to every object's header in each child
     # and copy all their pages.
@@ -88,6 +102,9 @@ def _run_command(fd: int) -> int:
     try:
         request = _read_request(conn)
         conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+        command = " ".join(["vfsd", *request["argv"]])
+        set_process_title(printable(command[:COMMAND_TITLE_CHARS]),
+                          " ".join(["vfsd", *request["argv"][:1]]))
         code, out, err = _as_process(request)
         conn.sendall(json.dumps({"code": code, "stdout": out, "stderr": err}).encode() + b"\n")
     except (OSError, ValueError, KeyError, TypeError) as exc:

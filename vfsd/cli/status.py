@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from vfsd.control.client import ControlClient, ControlError, DaemonUnreachable
-from vfsd.rundir import RunDir, mount_state, pid_alive
+from vfsd.rundir import RunDir
 
 from .common import (
     EXIT_DEAD,
@@ -15,6 +15,7 @@ from .common import (
     EXIT_FAILED,
     cli,
     control_failure,
+    daemon_state,
     emit,
     fail,
     human,
@@ -22,6 +23,7 @@ from .common import (
     rows,
     warn,
 )
+from .shardstatus import ratio_text
 
 #: counters that count bytes (shown in binary units; the others are plain counts)
 BYTE_COUNTERS = ("bytes_read", "bytes_written")
@@ -31,37 +33,90 @@ BYTE_COUNTERS = ("bytes_read", "bytes_written")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--check", is_flag=True,
               help="For monitoring: exit 0 only if the daemon runs and is healthy (writable, "
-                   "room on the store's disk, its remote tier publishing), else 1 (not running), 4 (dead) or 5 "
-                   "(degraded), with the reason on stderr.")
+                   "room on the store's disk, its remote tier publishing), else 1 (not "
+                   "running), 4 (dead) or 5 (degraded), with the reason on stderr. For a Runs "
+                   "root: 0 when a shard runs and none is dead (4) or degraded, nor its "
+                   "records wrong (5); 1 when no shard runs.")
 @json_option
 def status(run_dir: Path, check: bool, as_json: bool) -> None:
-    """Files, bytes per tier, chunks, dedup ratio, snapshots, remote tier and live counters.
+    """Files, bytes per tier, chunks, stored vs logical bytes, snapshots, remote tier and live counters; of a shard or a Runs root too.
 
     Works on an unmounted run dir too (from the store). A dead daemon (killed,
-    its mount left stale) is said so, with how to clean up, and exits 4.
+    its mount left stale) is said so, with how to clean up, and exits 4. A
+    shard's run dir (`vfsd mount --shard`) shows its daemon, store and every
+    volume; a Runs root (mount_tool.runs) each of its shards, its threads
+    and the problems found in its records.
     """
+    from .runsroot import is_runs_root, shard_of_root
+
+    if is_runs_root(Path(run_dir)):
+        _root_status(Path(run_dir), check, as_json)
+        return
     run = RunDir(run_dir)
     try:
         with ControlClient(run.sock, timeout=30) as c:
             doc = c.call("stats")
     except ControlError as exc:
+        if exc.code == "bad_request" and _serves_shard(run):
+            _shard_status(run.path, check, as_json)
+            return
         fail(control_failure(run, exc))
     except DaemonUnreachable:
-        doc = _offline(run)
-    doc["daemon"] = _daemon_state(run, doc)
+        doc = None if shard_of_root(run.path) else _offline(run)
+        if doc is None:  # a shard's run dir: its store has volumes, but no `default`
+            _shard_status(run.path, check, as_json)
+            return
+    doc["daemon"] = daemon_state(run, doc)
     emit(doc, as_json, _text)
-    problem, code = _health(doc)
-    if doc["daemon"]["state"] == "dead":
-        warn(doc["daemon"]["advice"])
+    _conclude(doc["daemon"], *_health(doc), check)
+
+
+def _conclude(daemon: dict, problem: str | None, code: int, check: bool) -> None:
+    """A dead daemon exits 4 (with its advice) whatever; --check exits with
+    the health's code."""
+    if daemon.get("state") == "dead":
+        warn(daemon["advice"])
         raise SystemExit(EXIT_DEAD)
     if check and problem:
         warn(problem)
         raise SystemExit(code)
 
 
-def _offline(run: RunDir) -> dict:
-    """The status the store alone can give (no daemon answers)."""
-    from vfsd.errors import StoreError
+def _serves_shard(run: RunDir) -> bool:
+    """Whether the daemon answering on RUN_DIR's socket is a shard's."""
+    try:
+        with ControlClient(run.sock, timeout=30) as c:
+            return bool(c.call("shard").get("shard"))
+    except (ControlError, DaemonUnreachable):
+        return False
+
+
+def _shard_status(run_path: Path, check: bool, as_json: bool) -> None:
+    from .shardstatus import shard_doc, shard_health, shard_text
+
+    doc = shard_doc(run_path)
+    emit(doc, as_json, shard_text)
+    _conclude(doc["daemon"], *shard_health(doc), check)
+
+
+def _root_status(root: Path, check: bool, as_json: bool) -> None:
+    from .shardstatus import root_doc, root_health, root_text
+
+    doc = root_doc(root)
+    emit(doc, as_json, root_text)
+    problem, code = root_health(doc)
+    if code == EXIT_DEAD:
+        warn(problem)
+        raise SystemExit(EXIT_DEAD)
+    if check and problem:
+        warn(problem)
+        raise SystemExit(code)
+
+
+def _offline(run: RunDir) -> dict | None:
+    """The status the store alone can give (no daemon answers); None when
+    the store holds no volume `default` of a run dir but others: a shard's."""
+    from vfsd.errors import NoSuchVolume, StoreError, StoreVersionError
     from vfsd.status import store_status
     from vfsd.store import compact
     from vfsd.store.store import Store
@@ -71,40 +126,25 @@ def _offline(run: RunDir) -> dict:
     except (ValueError, OSError) as exc:
         fail(f"cannot read {run.store_file}: {exc}")
     if not compact.exists(store_dir):
+        if run.path.parent.name == "threads" and (run.path / "thread.json").exists():
+            root = run.path.parent.parent
+            fail(f"{run.path} is a thread's directory of the Runs root {root}, not a run "
+                 f"dir: `vfsd threads {root}` lists the threads and where their files are, "
+                 f"`vfsd status {root}` describes the root")
         fail(f"no vfsd store for {run.path} (is it a run dir? `vfsd mount {run.path}` "
              "makes one)")
     try:
         st = Store(store_dir, volume, readonly=True, create=False)
-    except StoreError as exc:
+    except NoSuchVolume as exc:
+        if volume == "default" and not run.store_file.exists():
+            return None  # a store of its own without the run dir's volume: a shard's
+        fail(f"cannot read the store of {run.path}: {exc}")
+    except (StoreError, StoreVersionError) as exc:
         fail(f"cannot read the store of {run.path}: {exc}")
     try:
         return {**store_status(st), "running": False}
     finally:
         st.close()
-
-
-def _daemon_state(run: RunDir, doc: dict) -> dict:
-    """running, unmounted, or dead (a daemon that went away without unmounting)."""
-    if doc.get("running"):
-        return {"state": "running", "pid": doc.get("pid")}
-    pid = run.read_pid()
-    try:
-        mount = mount_state(run.mountpoint)
-    except OSError:
-        mount = "stale"
-    if mount == "stale" or (pid is not None and not pid_alive(pid)):
-        return {"state": "dead", "pid": pid, "mount": mount,
-                "advice": (f"the daemon of {run.path}"
-                           + (f" (pid {pid})" if pid else "")
-                           + " is dead" + (f" and {run.mountpoint} is a stale mount "
-                                           "(\"Transport endpoint is not connected\")"
-                                           if mount == "stale" else "")
-                           + f"; see {run.log}. `vfsd umount {run.path}` cleans up; "
-                             f"`vfsd mount {run.path}` cleans up and mounts again")}
-    if pid is not None and pid_alive(pid):
-        return {"state": "unresponsive", "pid": pid,
-                "advice": f"the daemon (pid {pid}) runs but does not answer; see {run.log}"}
-    return {"state": "unmounted", "pid": None}
 
 
 def _health(doc: dict) -> tuple[str | None, int]:
@@ -162,8 +202,10 @@ def _text(doc: dict) -> str:
         ("  inline (LMDB)", human(doc["inline_bytes"])),
         ("  chunked", human(doc["chunked_bytes"])),
         ("chunks", f"{_count(doc['chunk_count'])} ({human(doc['chunk_bytes'])})"),
-        ("stored size", human(doc["stored_bytes"])),
-        ("dedup ratio", f"{doc['dedup_ratio']:.2f}x"),
+        ("stored size", human(doc["stored_bytes"])
+         + (f" (the whole store: {doc['store_volumes']:,} volumes)"
+            if doc.get("store_volumes", 1) > 1 else "")),
+        ("stored / logical", ratio_text(doc.get("stored_ratio"), doc.get("store_volumes", 1))),
         ("xattrs", human(doc["xattr_bytes"])),
         ("snapshots", _snapshots_line(doc.get("snapshots"))),
     ]

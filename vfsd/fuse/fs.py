@@ -22,6 +22,7 @@ import structlog
 import trio
 
 from vfsd import errors
+from vfsd.steps import make_way
 from vfsd.store import filehash
 from vfsd.store.groupcommit import in_request
 from vfsd.store.inode import NO_CALL, STATUS_BY_NAME, STATUS_NAMES, Inode
@@ -31,6 +32,7 @@ from vfsd.store.store import Store, now_ns
 from . import ctldir, evictedview, snapview
 from .diskspace import DISK_RESERVE, DiskSpace
 from .journal import StepJournal
+from .kernel import Kernel
 from .openfiles import OpenFiles, hash_hot_blocks
 from .provenance import Provenance
 from .tracer import Tracer
@@ -193,11 +195,19 @@ class VfsdOperations(pyfuse3.Operations):
         self.files = openfiles
         openfiles.on_closed = self._closed
         self.root = store.root_ino
+        # Where notifications and READDIRPLUS entries go (see `kernel`): a
+        # shard's mount translates this volume's inode numbers.
+        self.kernel = Kernel()
+        # (vol, ino) -> whether a hot file is still in use: the daemon's view
+        # over every volume it serves (a sync frees files of any of them).
+        self.in_use = lambda vol, ino: vol == store.vol and ino in openfiles.files
         # The sandbox's mount points are served once a sandbox claims them.
         self.sandbox_points = False
         self.entry_timeout = entry_timeout
         self.durability = durability
         self.lookups: dict[int, int] = {}
+        #: nameless inodes nobody has open that wait for the kernel's FORGET
+        self._awaiting_forget: set[int] = set()
         self.counters = Counters()
         self.tracer = Tracer()
         # Which tool call each request comes from (see `provenance`).
@@ -376,6 +386,11 @@ class VfsdOperations(pyfuse3.Operations):
     def _attrs(self, ino: int) -> Inode:
         return self.files.attrs(ino)
 
+    def root_entry(self) -> pyfuse3.EntryAttributes:
+        """The root's entry, taken as a lookup: a shard's mount shows a
+        volume's root as a directory of its own root."""
+        return self._remember(self._attrs(self.root))
+
     def _remember(self, inode: Inode) -> pyfuse3.EntryAttributes:
         """Entry reply that the kernel will hold a reference to."""
         self.lookups[inode.ino] = self.lookups.get(inode.ino, 0) + 1
@@ -395,10 +410,39 @@ class VfsdOperations(pyfuse3.Operations):
         One transaction for the lot; the store itself skips any that still
         have a name.
         """
-        unused = [ino for ino in inos
-                  if self.lookups.get(ino, 0) <= 0 and ino not in self.files.files]
+        unused = []
+        for ino in inos:
+            if ino in self.files.files:
+                continue
+            if self.lookups.get(ino, 0) > 0:
+                self._awaiting_forget.add(ino)  # nameless, unopened: the kernel's FORGET is due
+            else:
+                self._awaiting_forget.discard(ino)
+                unused.append(ino)
         if unused:
             self.store.free_inodes(unused)
+
+    async def _take_quota(self, grow: int, ino: int) -> None:
+        """Make room for `grow` more bytes of `ino` under the quota (evicting
+        if need be), or raise QuotaExceeded.
+
+        A file unlinked with nothing open counts until the kernel forgets it.
+        Its FORGET is sent as the unlink returns but may still wait for the
+        loop: before a change that does not fit evicts or is refused, the loop
+        takes such FORGETs in (`rm big; echo small > f` under a full quota)."""
+        if self._awaiting_forget and self.limits is not None:
+            quota, used, _ = self.limits()
+            if quota is not None and used + grow > quota:
+                await make_way(0.05)
+        self.quota(grow, ino)
+        await self._drop_evicted_names()
+
+    def free_in_steps(self, inos: list[int], batch: int = 256):
+        """`_maybe_free` over many inodes (a restore's), a transaction per
+        batch (a generator, see `vfsd.steps`)."""
+        for i in range(0, len(inos), batch):
+            self._maybe_free(*inos[i:i + batch])
+            yield
 
     # ----------------------------------------------------------- namespace
 
@@ -511,8 +555,7 @@ class VfsdOperations(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EINVAL)
                 self._note_writer(of, _pid(ctx))
                 if self.quota is not None and attr.st_size > of.inode.size:
-                    self.quota(attr.st_size - of.inode.size, ino)
-                    await self._drop_evicted_names()
+                    await self._take_quota(attr.st_size - of.inode.size, ino)
                 if self.remote is not None:
                     await self._load_for_change(of, attr.st_size, None)
                 self.files.truncate(of, attr.st_size)
@@ -839,8 +882,7 @@ class VfsdOperations(pyfuse3.Operations):
             if end > MAX_FILE_SIZE:
                 raise pyfuse3.FUSEError(errno.EFBIG)
             if self.quota is not None and end > of.inode.size:
-                self.quota(end - of.inode.size, of.inode.ino)
-                await self._drop_evicted_names()
+                await self._take_quota(end - of.inode.size, of.inode.ino)
             await self._check_disk_space(len(buf))
         except (errors.NoSpace, pyfuse3.FUSEError):
             # The kernel already took these bytes into its page cache and grew
@@ -911,7 +953,7 @@ class VfsdOperations(pyfuse3.Operations):
         hot = of.inode.ino if of.hot_file else None
         self.store.flush_group()  # here, rather than have the sync ask the loop for it
         await trio.to_thread.run_sync(self._sync_now, digests, hot)
-        self.store.delete_synced(self.files.files.__contains__)
+        self.store.delete_synced(self.in_use)
 
     def _sync_now(self, digests: list[bytes], hot: int | None = None) -> None:
         # One sync fsyncs each file once: these and what the ledger holds.
@@ -985,7 +1027,7 @@ class VfsdOperations(pyfuse3.Operations):
             names = self.store.names_of(below)
             return ctldir.mirror_of(names[0][0]) if names else fh
         if fh == self.root:
-            return fh
+            return self.kernel.above_root
         names = self.store.names_of(fh)
         return self._fuse_ino(names[0][0]) if names else fh
 
@@ -997,13 +1039,13 @@ class VfsdOperations(pyfuse3.Operations):
         if start_id < DOT_ENTRIES:
             dots = ((b".", fh), (b"..", self._parent_for_dots(fh)))
             for cookie, (name, ino) in enumerate(dots, 1):
-                if cookie > start_id and not pyfuse3.readdir_reply(
+                if cookie > start_id and not self.kernel.readdir_reply(
                         token, name, self._dot_entry(ino), cookie):
                     return
         start_id = max(0, start_id - DOT_ENTRIES)
 
         def reply(name, entry, cookie) -> bool:
-            return pyfuse3.readdir_reply(token, name, entry, cookie + DOT_ENTRIES)
+            return self.kernel.readdir_reply(token, name, entry, cookie + DOT_ENTRIES)
 
         await self._readdir_after_dots(fh, start_id, reply)
 
@@ -1059,7 +1101,7 @@ class VfsdOperations(pyfuse3.Operations):
         # A sync point like any other: removals made durable free their files.
         self.store.flush_group()
         await trio.to_thread.run_sync(self.store.sync)
-        self.store.delete_synced(self.files.files.__contains__)
+        self.store.delete_synced(self.in_use)
 
     @_guard
     async def statfs(self, ctx):
@@ -1140,8 +1182,7 @@ class VfsdOperations(pyfuse3.Operations):
         # Attributes take room like content does: they count against the quota.
         growth = self.store.xattr_growth(ino, name, value)
         if self.quota is not None and growth > 0:
-            self.quota(growth, ino)
-            await self._drop_evicted_names()
+            await self._take_quota(growth, ino)
         self.store.set_xattr(ino, name, value)
 
     def _set_vfsd_xattr(self, ino: int, name: bytes, value: bytes, pid: int = 0) -> None:
@@ -1258,7 +1299,7 @@ class VfsdOperations(pyfuse3.Operations):
             return
         for parent, name, ino in self.evicted_names():
             try:
-                pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
+                self.kernel.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
             except Exception as exc:  # not mounted (unit tests)
                 log.debug("invalidate_failed", ino=ino, error=str(exc))
 
@@ -1273,18 +1314,17 @@ class VfsdOperations(pyfuse3.Operations):
             await trio.to_thread.run_sync(self._drop_names,
                                           [(parent, name) for parent, name, _ in pending])
 
-    @staticmethod
-    def _drop_names(names: list[tuple[int, bytes]]) -> None:
+    def _drop_names(self, names: list[tuple[int, bytes]]) -> None:
         for parent, name in names:
             try:
-                pyfuse3.invalidate_entry(parent, name)
+                self.kernel.invalidate_entry(parent, name)
             except OSError:
                 pass  # not in the kernel's cache
 
     def _invalidate(self, items: set[tuple[int, bool]]) -> None:
         for ino, attr_only in items:
             try:
-                pyfuse3.invalidate_inode(self._fuse_ino(ino), attr_only=attr_only)
+                self.kernel.invalidate_inode(self._fuse_ino(ino), attr_only=attr_only)
             except OSError:
                 pass  # the kernel forgot it already: nothing cached to drop
 
@@ -1303,6 +1343,7 @@ class VfsdOperations(pyfuse3.Operations):
         self.flush_all()
         self.files.files.clear()
         self.lookups.clear()
+        self._awaiting_forget.clear()
         for ino in self.store.orphans():
             self.store.free_inode(ino)
 

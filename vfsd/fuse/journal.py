@@ -174,9 +174,11 @@ class StepJournal:
             self.store.put_step_record(self.record())
         except Exception as exc:  # noqa: BLE001 - the timeline never fails a request
             log.warning("step_record_failed", step=self.step, error=str(exc))
-        self._txn_seen = self.store.env.info()["last_txnid"]
+        self._txn_seen = self.store.commits
 
     def flush_if_changed(self) -> None:
-        """`flush`, if any write transaction committed since the last one."""
-        if self.store.env.info()["last_txnid"] != self._txn_seen:
+        """`flush`, if a write transaction of this volume committed since the
+        last one (its own: the other volumes of a shared environment, and this
+        record itself, do not count)."""
+        if self.store.commits != self._txn_seen:
             self.flush()

@@ -7,7 +7,7 @@ Two ways in, both without help from the model:
   thread, step). The daemon takes it as the author of whatever that open
   file commits next (`OpenFile.writer`); nothing is stored for the xattr
   itself.
-- `execute` runs each call in a cgroup of its own (mount_tool/cgroups.py)
+- `execute` runs each call in a cgroup of its own (mount_tool/sandbox/cgroups.py)
   and, before the command starts, registers the cgroup's name with the
   `call_begin` control request (or, where no cgroup could be made, the
   sandbox's pid namespace or session). A request is then attributed by the

@@ -30,6 +30,8 @@ class Settler:
         self._send, self._recv = trio.open_memory_channel(math.inf)
         self._queued: set[int] = set()
         self.settled_total = 0
+        #: awaited before each settle (the volume's: waits while it is held)
+        self.gate = None
         files.on_hot_release = self.enqueue
 
     def enqueue(self, ino: int) -> None:
@@ -44,6 +46,8 @@ class Settler:
         for ino in self.store.hot_inodes():
             self.enqueue(ino)
         async for ino in self._recv:
+            if self.gate is not None:
+                await self.gate()  # nothing changes under a long operation
             self._queued.discard(ino)
             try:
                 await self.settle_ino(ino)

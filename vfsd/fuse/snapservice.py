@@ -17,14 +17,13 @@ import os
 import time
 from pathlib import Path
 
-import pyfuse3
 import structlog
 import trio
 
 from vfsd import STATE_DIRNAME, errors
 from vfsd.latency import Latencies
-from vfsd.rundir import RunDir, syncfs
-from vfsd.snapshots.pathrestore import restore_paths
+from vfsd.rundir import RunDir, syncfs, write_back
+from vfsd.snapshots.pathrestore import restore_paths, restore_paths_in_steps
 from vfsd.snapshots.snapshots import (
     FilesOpenForWriting,
     SnapshotError,
@@ -33,10 +32,13 @@ from vfsd.snapshots.snapshots import (
     parse_id,
     snapshot_id,
 )
+from vfsd.steps import drive, make_way
 
 from .writers import writers
 
 log = structlog.get_logger("vfsd.snapshots")
+
+
 class SnapshotService:
     """What the control socket calls for snapshots of the mounted volume."""
 
@@ -57,10 +59,23 @@ class SnapshotService:
         again meanwhile is settled by the caller with `_settle_rest` in the
         same loop turn as the snapshot or restore itself.
         """
-        try:
-            await trio.to_thread.run_sync(syncfs, self.daemon.run.mountpoint)
-        except OSError as exc:  # unit tests without a mount
-            log.debug("syncfs_failed", error=str(exc))
+        place = self.daemon.run
+        if place.mount_root != place.mountpoint:
+            # A volume of a shard: syncfs would write back every thread's
+            # pages, and hold them all. Only open files can have dirty pages
+            # (the kernel writes a file back when it is closed and when its
+            # last handle goes, mappings included), so those of this volume
+            # opened for writing are written back, one by one.
+            paths = [place.mountpoint / p for p in (
+                self.store.path_of(ino) for ino, of in list(self.ops.files.files.items())
+                if of.writer is not None and of.handles) if p]
+            if paths:
+                await trio.to_thread.run_sync(write_back, paths)
+        else:
+            try:
+                await trio.to_thread.run_sync(syncfs, place.mountpoint)
+            except OSError as exc:  # unit tests without a mount
+                log.debug("syncfs_failed", error=str(exc))
         self.ops.flush_all()
         await self.daemon.settler.settle_all()
 
@@ -71,22 +86,30 @@ class SnapshotService:
     # ------------------------------------------------------------- create
 
     #: a first snapshot of more objects than this is built in steps (see below)
-    FIRST_IN_ONE_GO = 5000
+    FIRST_IN_ONE_GO = 1000
+    #: a path restore (an unevict) of more items than this is made in steps
+    PATHS_IN_ONE_GO = 64
+    #: a later snapshot or a restore of more changed objects than this is made
+    #: in steps, with the volume held (`Snapshots.create_in_steps`)
+    STEPS_ABOVE = 2000
     #: objects per step of such a build
-    FIRST_BATCH = 500
+    FIRST_BATCH = 100
 
     async def snapshot(self, *, pinned: bool = False, label: str = "",
                        reuse: bool = False) -> dict:
         """Take a snapshot; with `reuse`, answer the base snapshot instead when
         the live tree has not changed since it (exact, and no new record)."""
         t0 = time.perf_counter()
+        remote = getattr(self.daemon, "remote", None)
         async with self.lock:
+            before = getattr(remote, "before_snapshot", None)
+            if before is not None:
+                await before()  # a shard run's next id announced (`shardtier`)
             rec = await self._snapshot_locked(pinned, label, reuse)
             if rec.get("reused"):
                 return rec
         self.latency["snapshot"].observe(time.perf_counter() - t0)
         self.ops.journal.snapshot_taken(rec["id"])
-        remote = getattr(self.daemon, "remote", None)
         if remote is not None:
             remote.kick()  # published in the background (vfsd.remote.publisher)
         log.info("snapshot", id=rec["id"], entries=rec["entries"],
@@ -103,6 +126,10 @@ class SnapshotService:
         if not self.store.tracking and \
                 self.store.counters()["inodes_allocated"] > self.FIRST_IN_ONE_GO:
             rec = await self._first_in_steps(pinned, label)
+        elif self.store.tracking and self.snaps.dirty_count() > self.STEPS_ABOVE:
+            async with self.daemon.hold():
+                self._settle_rest()
+                rec = await drive(self.snaps.create_in_steps(pinned=pinned, label=label))
         else:
             rec = self.snaps.create(pinned=pinned, label=label)
         rec["deleted"] = self._retention()
@@ -124,7 +151,9 @@ class SnapshotService:
             while True:
                 items, after = await trio.to_thread.run_sync(
                     snaps.first_read, view, after, self.FIRST_BATCH)
+                t1 = time.perf_counter()
                 snaps.first_write(items)
+                await make_way(time.perf_counter() - t1)
                 written += len(items)
                 self.first_progress = {**self.first_progress, "objects": written}
                 if after is None:
@@ -178,8 +207,8 @@ class SnapshotService:
         try:
             from . import snapview
 
-            pyfuse3.invalidate_entry_async(snapview.DIR_INO, ident.encode(),
-                                           ignore_enoent=True)
+            self.ops.kernel.invalidate_entry_async(snapview.DIR_INO, ident.encode(),
+                                                   ignore_enoent=True)
         except Exception as exc:  # not mounted (unit tests)
             log.debug("invalidate_failed", error=str(exc))
 
@@ -198,23 +227,29 @@ class SnapshotService:
         async with self.lock:
             self.snaps.get(ident)  # a clear error before any work
             await self._quiesce()
-            self._settle_rest()
-            if not force and self._open_among(self.snaps.restore_changes(ident)):
-                # Only then is /proc read (~1 ms a process): who writes them?
-                held = await trio.to_thread.run_sync(writers, self.daemon.run.mountpoint)
-                self._settle_rest()  # from here on, no await until the restore
-                self._refuse_writers(held, self.snaps.restore_changes(ident))
-            self._settle_rest()
-            from_step = self.store.get_step()
-            self.ops.journal.flush()  # the step being left, as it was
-            res = self.snaps.restore(ident)
-            files = self.ops.files
-            held_open = [ino for ino in res["inodes"] if ino in files.files]
-            for ino in res["inodes"]:
-                files.reload(ino)
-            self.ops._maybe_free(*res["unlinked"])
-            if self.ops.evicted is not None:
-                self.ops.evicted.reset()  # records changed in place: built again when asked
+            async with self.daemon.hold():
+                # From here on nothing else changes the volume: its requests
+                # wait, the other volumes' go on between the steps below.
+                self._settle_rest()
+                plan = await trio.to_thread.run_sync(self.snaps.restore_plan, ident)
+                changes = await trio.to_thread.run_sync(self._changed_inodes, plan)
+                if not force and self._open_among(changes):
+                    # Only then is /proc read (~1 ms a process): who writes them?
+                    held = await trio.to_thread.run_sync(writers, self.daemon.run.mount_root)
+                    self._refuse_writers(self._own_inodes(held), changes)
+                from_step = self.store.get_step()
+                self.ops.journal.flush()  # the step being left, as it was
+                if len(plan["targets"]) > self.STEPS_ABOVE:
+                    res = await drive(self.snaps.restore_in_steps(plan))
+                else:
+                    res = self.snaps.restore(ident)
+                files = self.ops.files
+                held_open = [ino for ino in res["inodes"] if ino in files.files]
+                for ino in res["inodes"]:
+                    files.reload(ino)
+                await drive(self.ops.free_in_steps(res["unlinked"]))
+                if self.ops.evicted is not None:
+                    self.ops.evicted.reset()  # records changed in place: built again when asked
             await trio.to_thread.run_sync(self._tell_kernel, res["dentries"], res["inodes"])
         self.latency["restore"].observe(time.perf_counter() - t0)
         self.ops.journal.restored(res["id"], from_step, res["step"])
@@ -225,7 +260,8 @@ class SnapshotService:
         open_files = sorted(p for p in (self.store.path_of(i) for i in held_open) if p)
         return {"id": res["id"], "step": res["step"], "changed": res["changed"],
                 "inodes": len(res["inodes"]), "names": len(res["dentries"]),
-                "open_files": open_files, "duration_ms": res["duration_ms"]}
+                "open_files": open_files, "duration_ms": res["duration_ms"],
+                "steps": res.get("steps", 1)}
 
     async def restore_paths(self, items_of, *, force: bool = False) -> dict:
         """Restore single files or subtrees (`pathrestore`), nothing else.
@@ -236,13 +272,18 @@ class SnapshotService:
         t0 = time.perf_counter()
         async with self.lock:
             await self._quiesce()
-            self._settle_rest()
-            items = items_of()
-            res = restore_paths(self.snaps, items, force=force)
-            files = self.ops.files
-            for ino in res["inodes"]:
-                files.reload(ino)
-            self.ops._maybe_free(*res["unlinked"])
+            async with self.daemon.hold():
+                self._settle_rest()
+                items = items_of()
+                if len(items) > self.PATHS_IN_ONE_GO:
+                    # Checked first, then placed a few per transaction.
+                    res = await drive(restore_paths_in_steps(self.snaps, items, force=force))
+                else:
+                    res = restore_paths(self.snaps, items, force=force)
+                files = self.ops.files
+                for ino in res["inodes"]:
+                    files.reload(ino)
+                await drive(self.ops.free_in_steps(res["unlinked"]))
             index = self.ops.evicted
             if index is not None:
                 index.forget(target for _, _, target in items)
@@ -254,6 +295,26 @@ class SnapshotService:
         return {"restored": res["restored"], "unchanged": res["unchanged"],
                 "from": sorted({snapshot_id(seq) for seq, _, _ in items}),
                 "step": self.store.get_step(), "duration_ms": took}
+
+    def _changed_inodes(self, plan: dict) -> set[int]:
+        """The inodes a restore by `plan` changes (reads; a worker thread)."""
+        out = set()
+        with self.store.txn() as txn:
+            for okey, target in plan["targets"].items():
+                if okey[:1] == b"i" and self.snaps.live_value(txn, okey) != target:
+                    out.add(int.from_bytes(okey[1:9], "big"))
+        return out
+
+    def _own_inodes(self, held: dict[int, list]) -> dict[int, list]:
+        """`writers`' answer (kernel numbers over the whole mount) in this
+        volume's own numbers, the other volumes' files left out."""
+        from_kernel = self.ops.kernel.from_kernel
+        out = {}
+        for kernel_no, who in held.items():
+            ino = from_kernel(kernel_no)
+            if ino is not None:
+                out[ino] = who
+        return out
 
     def _open_among(self, inodes: set[int]) -> bool:
         """Whether any of `inodes` is open (a descriptor or a mapping keeps a
@@ -278,16 +339,16 @@ class SnapshotService:
             "corrupt) the restored files: stop them or close the files first, or restore "
             "with --force (force=true)")
 
-    @staticmethod
-    def _tell_kernel(dentries: list[tuple[int, bytes]], inodes: list[int]) -> None:
+    def _tell_kernel(self, dentries: list[tuple[int, bytes]], inodes: list[int]) -> None:
+        kernel = self.ops.kernel
         for parent, name in dentries:
             try:
-                pyfuse3.invalidate_entry(parent, name)
+                kernel.invalidate_entry(parent, name)
             except OSError:
                 pass  # not in the kernel's cache
         for ino in inodes:
             try:
-                pyfuse3.invalidate_inode(ino, attr_only=False)
+                kernel.invalidate_inode(ino, attr_only=False)
             except OSError:
                 pass
 
@@ -308,8 +369,7 @@ class SnapshotService:
             try:
                 dest = self._new_volume(name, rec)
                 okeys = await trio.to_thread.run_sync(self._visible, seq)
-                for _done, _total in self.snaps.copy_into(seq, dest, okeys):
-                    await trio.sleep(0)  # other requests between batches
+                await drive(self.snaps.copy_into(seq, dest, okeys))
                 with store.txn(write=True) as txn:
                     txn.put(dest._vp + b"step", rec["step"].to_bytes(8, "big"),
                             db=store.db["meta"])
@@ -330,7 +390,30 @@ class SnapshotService:
         Content is shared, never copied."""
         new = self._check_fork_path(run_dir)
         await trio.to_thread.run_sync(self._check_fork_target, new)
-        store, snaps, name = self.store, self.snaps, str(new.path)
+        name = str(new.path)
+        dest, rec, kept = await self._copy_into(name)
+        await trio.to_thread.run_sync(self._record_run_dir, new, name)
+        log.info("copied", run_dir=name, snapshot=rec["id"], snapshots=kept)
+        return {"run_dir": name, "store": str(self.store.dir), "volume": name,
+                "run": dest.run_id, "snapshot": rec["id"], "snapshots": kept,
+                "files": dest.counters()["files"]}
+
+    async def copy_to_volume(self, name: str, *, thread: str | None = None) -> dict:
+        """As `copy`, into a new volume `name` of this store (a shard's thread
+        copied to another thread), recording `thread` as the one it serves."""
+        if name in self.store.volumes():
+            view = self.store.view(name)
+            if not view.meta_u64(b"incomplete"):
+                raise SnapshotError(f"volume {name!r} exists already: copy into a new one")
+        extra = {b"thread": thread.encode("utf-8", "surrogatepass")} if thread else {}
+        dest, rec, kept = await self._copy_into(name, extra)
+        log.info("copied", volume=name, snapshot=rec["id"], snapshots=kept)
+        return {"volume": name, "run": dest.run_id, "snapshot": rec["id"], "snapshots": kept,
+                "files": dest.counters()["files"]}
+
+    async def _copy_into(self, name: str, extra: dict[bytes, bytes] | None = None):
+        """(the new volume `name`, the snapshot copied, how many snapshots)."""
+        store, snaps = self.store, self.snaps
         async with self.lock:
             rec = await self._snapshot_locked(False, "copied", True)
             seq = parse_id(rec["id"])
@@ -341,26 +424,22 @@ class SnapshotService:
                 origins = self._copied_from() + [{"run": store.run_id, "upto": seq}]
                 dest = self._new_volume(name, rec, copied_from=origins)
                 okeys = await trio.to_thread.run_sync(self._visible, seq)
-                for _done, _total in snaps.copy_into(seq, dest, okeys):
-                    await trio.sleep(0)
-                for _table, _n in snaps.copy_history(dest, seq):
-                    await trio.sleep(0)
+                await drive(snaps.copy_into(seq, dest, okeys))
+                await drive(snaps.copy_history(dest, seq))
                 with store.txn(write=True) as txn:
                     meta = store.db["meta"]
                     txn.put(dest._vp + b"step", int(rec.get("live_step", rec["step"])).to_bytes(8, "big"), db=meta)
                     for key in (b"snap_seq", b"snap_base"):
                         txn.put(dest._vp + key, seq.to_bytes(8, "big"), db=meta)
+                    for key, value in (extra or {}).items():
+                        txn.put(dest._vp + key, value, db=meta)
                     txn.delete(dest._vp + b"incomplete", db=meta)
             finally:
                 for s in retained:
                     snaps.held[s] -= 1
                     if not snaps.held[s]:
                         del snaps.held[s]
-        await trio.to_thread.run_sync(self._record_run_dir, new, name)
-        log.info("copied", run_dir=name, snapshot=rec["id"], snapshots=len(retained))
-        return {"run_dir": name, "store": str(store.dir), "volume": name, "run": dest.run_id,
-                "snapshot": rec["id"], "snapshots": len(retained),
-                "files": dest.counters()["files"]}
+        return dest, rec, len(retained)
 
     def _record_run_dir(self, new: RunDir, volume: str) -> None:
         new.state.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -83,3 +83,80 @@ def _command(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
+
+
+def holders(mountpoint: Path, owns) -> list[tuple[int, str]]:
+    """[(pid, command)] of the processes that hold an inode of the mount at
+    `mountpoint` for which `owns(kernel inode number)` is true: by a
+    descriptor, a mapping, or as working or root directory. Seen in every
+    mount namespace (a sandbox's bind mount of a directory of the mount has
+    a mount id of its own but the same device)."""
+    ids = mount_ids(mountpoint)
+    if ids is None:
+        return []
+    _mnt_id, major, minor = ids
+    dev = os.makedev(major, minor)
+    maps_dev = f"{major:02x}:{minor:02x}"
+    ours_by_ns: dict[str, set[int]] = {}
+    out = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            continue  # gone, or not ours to look at
+        if ns not in ours_by_ns:
+            ours_by_ns[ns] = _mount_ids_of(pid, f"{major}:{minor}".encode())
+        if _holds(pid, ours_by_ns[ns], maps_dev, dev, owns):
+            out.append((pid, _command(pid)))
+    return out
+
+
+def _mount_ids_of(pid: int, dev: bytes) -> set[int]:
+    """The ids of the mounts of device `dev` ("major:minor") in `pid`'s namespace."""
+    found = set()
+    try:
+        with open(f"/proc/{pid}/mountinfo", "rb") as f:
+            for line in f:
+                fields = line.split(b" ", 4)
+                if len(fields) > 3 and fields[2] == dev:
+                    found.add(int(fields[0]))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def _holds(pid: int, mnt_ids: set[int], maps_dev: str, dev: int, owns) -> bool:
+    for link in ("cwd", "root"):
+        try:
+            st = os.stat(f"/proc/{pid}/{link}")
+        except OSError:
+            continue
+        if st.st_dev == dev and owns(st.st_ino):
+            return True
+    base = f"/proc/{pid}/fdinfo"
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            with open(f"{base}/{fd}", "rb") as f:
+                info = dict(line.split(b":", 1) for line in f.read().splitlines()
+                            if b":" in line)
+            if int(info.get(b"mnt_id", b"-1")) in mnt_ids and owns(int(info[b"ino"])):
+                return True
+        except (OSError, ValueError, KeyError):
+            continue
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) >= 5 and parts[3].decode() == maps_dev and owns(int(parts[4])):
+                    return True
+    except (OSError, ValueError):
+        pass
+    return False

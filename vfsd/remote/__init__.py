@@ -1,10 +1,13 @@
 """The remote tier: the run's chunks and published snapshots in an S3 bucket.
 
 Modules: `objstore` (the one S3 client), `layout` (key names), `lease`, `head`,
-`manifest` (the in-bucket formats below), `uploader`, `publisher`, `fetcher`,
-`chunkcache`, `resume`, `bucketgc`, and `remotetier`, which wires them into a
-daemon. This package imports the store and snapshots, never the FUSE or
-control layers; `objstore` (boto3) is imported only by a remote mount.
+`manifest`, `threads` (the in-bucket formats below), `uploader`, `publisher`,
+`fetcher`, `chunkcache`, `chunklink`, `resume`, `history` (a shard thread's
+catch-up), `copyrun`, `bucketgc`, `remotetier`, which wires them into a run
+dir's daemon, and `shardtier`, which wires them into a shard daemon (its
+control ops are `vfsd.replicas`). This package imports the store and
+snapshots, never the FUSE or control layers; `objstore` (boto3) is imported
+only by a remote mount.
 
 The bucket layout: the one place it is documented.
 
@@ -18,6 +21,7 @@ runs/<run>/lease                     the run's writer lease, mutable (CAS on ETa
 runs/<run>/head                      the run's published snapshots, mutable (CAS on ETag)
 runs/<run>/snapshots/<seq>           one published snapshot (a manifest), immutable
 runs/<run>/intents/<seq>-<gen>-<a>   chunks a publication in progress relies on
+threads/<key>                        which run holds a shard thread now, mutable (CAS)
 gc/lease                             held while a GC sweep may delete chunks
 ```
 
@@ -39,7 +43,8 @@ gc/lease                             held while a GC sweep may delete chunks
     One writer per run (`vfsd.remote.lease`). A small JSON object:
     `{"vfsd_lease": 1, "run", "owner": {"host", "pid", "token"}, "generation",
     "ttl", "acquired_at", "renewed_at", "expires_at", "released", "seq",
-    "session"}`. Created with `If-None-Match: *`; renewed, released and taken
+    "session", "seq_floor"?}` (`seq_floor`: a shard run's, see "Shard
+    threads" below). Created with `If-None-Match: *`; renewed, released and taken
     over with `If-Match: <ETag>` only. `generation` grows by one at every
     acquisition (one above the record replaced), also when a restarted daemon
     takes back its own lease: it is the run's fencing token, and no two
@@ -59,8 +64,18 @@ gc/lease                             held while a GC sweep may delete chunks
     The run's index of published snapshots, JSON (`vfsd.remote.head.Head`):
     `{"vfsd_head": 1, "run", "generation", "latest", "writer": {"host", "pid"},
     "updated_ns", "snapshots": [{"seq", "parent", "full", "step",
-    "created_ns", "pinned", "entries", "bytes", "generation"}]}`, oldest
-    first. `latest` is the newest published seq (0: none yet). Created with
+    "created_ns", "pinned", "entries", "bytes", "generation", "retired"?}],
+    "thread"?}`, oldest first. `latest` is the newest published seq (0: none
+    yet). `retired` (a shard run's head): the snapshot is listed only because
+    a kept delta's chain needs its manifest; a shard run's head lists what
+    its holder's volume keeps (its retention, byte budget and deletions
+    decide), and no replica imports a retired snapshot.
+    `thread` (a shard thread's runs only) is the key of the thread whose
+    record names this run, written by the fence (below) and kept by every
+    rewrite; a head naming another thread than the one asked for is refused
+    (a record pointing at another thread's run). A copied run's head
+    (`copyrun`) is written with generation 0, which no lease has: its first
+    run's fence writes its own. Created with
     `If-None-Match: *` and rewritten only with `If-Match: <ETag>`, each time
     with the writer's lease `generation`. A worker that takes the lease first
     rewrites the head with its new generation (the fence): from then on a
@@ -130,6 +145,23 @@ gc/lease                             held while a GC sweep may delete chunks
     half of it writes a new intent (a new key), deletes the old one and
     checks again.
 
+`threads/<key>` (a shard thread; `key` is its volume name, 1-64 of `[A-Za-z0-9_-]`:
+        a Runs uses `t` + 32 hex digits of the thread id's SHA-256)
+    Which run holds the thread's snapshots now, JSON (`vfsd.remote.threads`):
+    `{"vfsd_thread": 1, "key", "thread_id", "run", "generation", "state":
+    "live" | "deleted", "copied_from": {"run", "upto"} | null, "old_runs":
+    [run, ...], "updated_ns", "writer": {"host", "pid"}}`. A live record
+    names a run, a tombstone (`state` "deleted") none. Created with
+    `If-None-Match: *` (by the first `remote_begin` of the thread anywhere,
+    naming the local volume's run, or by `remote_copy`, naming the copy's
+    new run); changed only with `If-Match` on the ETag it was read with, each
+    change one `generation` up: `remote_delete` makes it a tombstone (the run
+    goes to `old_runs`), and the first `remote_begin` after a delete makes it
+    live again with a new run (the id used again starts empty). `thread_id`
+    is the whole id: a record of another id than the one asked for (two ids
+    with one hash, a planted object) is refused (`wrong_thread`), never
+    served. GC deletes the objects of the runs tombstones list (below).
+
 `gc/lease`
     A lease object like a run's (`vfsd.remote.lease`, same format), held by a GC
     sweep for as long as it may delete chunks, plus `"grace"` (this sweep's
@@ -163,6 +195,11 @@ Publishing a snapshot (`vfsd.remote.publisher`), by the run's lease holder:
 
 GC (`vfsd gc --remote URL`, `vfsd.remote.bucketgc`): mark and sweep.
     1. Take `gc/lease` (one sweep at a time); t0 = the server's Date.
+    1b. List `threads/`: the runs tombstones list are *doomed* when no live
+       record names them and their head is gone or names that very thread.
+       Doomed runs count for nothing below; their objects are deleted after
+       the mark (under the lease like chunks), then the tombstones stop
+       listing them (CAS; a conflict leaves it to the next sweep).
     2. List `runs/`; mark every chunk named by an intent younger than
        `INTENT_MAX_AGE`, then by every manifest of any run under the prefix
        (a manifest that does not decode stops the sweep: nothing is deleted
@@ -218,6 +255,85 @@ retained manifest needs it (chains keep their ancestors), so every later
 sweep marks X for as long as M is kept. Assumed, as for leases: the
 server's clock does not jump, and a request a client gave up on does not
 land on the server much later.
+
+Shard threads: one run at a time, on any replica (`shardtier`, `vfsd.replicas`).
+    A shard replica's store is a cache; a thread's truth is its record, its
+    run's head and manifests (and the saver's checkpoints, which name
+    snapshots by id). The run's lease (`runs/<run>/lease`, the same object,
+    format and fencing as a run dir's) is held per graph run, not per mount:
+      begin  1. read `threads/<key>` (create it, or revive a tombstone with a
+                new run); refuse another thread id;
+             2. take the run's lease, waiting up to `wait` for a holder's to be
+                released (its run ended) or to lapse (it crashed);
+             3. fence the head with the new generation (marking it the
+                thread's; a head of another thread is refused);
+             4. read the record again: if it no longer names this run (a delete
+                or a new run came between 1 and 2), give the lease back, start over;
+             5. make the local snapshot history exactly the head's (`history`):
+                the unpublished tail of an earlier run here goes, snapshots
+                retention retired elsewhere go, the head's snapshots the volume
+                lacks are imported (metadata now, chunks on first read), all
+                under their own seqs; then the live files are the head's latest
+                snapshot (a volume of another run, or of a thread deleted since,
+                is made again empty first);
+             6. publish in the background while the run writes and snapshots.
+      end    every local snapshot published, then the lease released (the next
+             begin anywhere takes it at once). A run whose process exits without
+             ending is ended by the shard (publishing for one TTL at most).
+      delete take the run's lease (so no run of the thread is under way
+             anywhere), fence, CAS the record to a tombstone, delete the run's
+             objects (best effort: GC finishes), drop the local volume.
+      copy   `copyrun`: a new run, the source's manifests written again under it
+             (same seqs), its head, then the target's record (If-None-Match),
+             after reading the source's record again; the source's lease and
+             objects are only read.
+    Why the bucket holds the lease rather than the saver's PostgreSQL: the
+    fence that makes a lost lease harmless is a conditional write on the very
+    objects a stale holder would overwrite (the head, with its generation), so
+    the lease, its generation and the fenced objects must live in one store
+    with one clock (expiry is judged on the object store's clock). A
+    PostgreSQL row or advisory lock could say who runs a thread, but not stop
+    a paused holder's late head write to the bucket; and vfsd runs without a
+    saver (a run dir, `vfsd mount --from`) with the same protocol. One store
+    to trust, one argument.
+    Why one run at a time, and what a lost lease cannot do: a holder publishes
+    only while its lease is valid, and every head write is a CAS naming the
+    writer's generation; a replica that lost the lease without knowing it
+    (paused, partitioned) fails its next head CAS once the successor fenced
+    (step 3), so it never overwrites what the successor publishes, and its
+    orphan manifests are replaced (generation order, "Publishing"). Why a
+    deleted thread is never served again: a tombstone is written only by a
+    holder of the run's lease; a begin reads the record again after taking
+    the lease (step 4), so either the delete's lease came first and the begin
+    sees the tombstone, or the begin holds the lease and the delete waits
+    for its run to end. A tombstoned record is revived only with a new run,
+    so an old run's objects are never read again, and GC may delete them.
+    Why a copy never touches its source: it writes only under its new run and
+    the target's key. Why snapshot ids mean the same files on every replica:
+    a run's seqs are its head's; a local snapshot counts as the head's only
+    when the head lists its seq with the same step and creation time and
+    this volume recorded it published; every other is dropped or imported.
+    Why an id never names two snapshots: a holder announces in its lease,
+    before it takes a snapshot, the highest id it may use (`seq_floor`, a few
+    ahead, so a snapshot seldom waits for the write; a snapshot that cannot be
+    announced is refused), and writes the exact last id when it ends with
+    everything published; a begin numbers its snapshots above the floor of
+    the lease record it replaced. So a snapshot a crash kept from the head
+    has an id no replica gives to other files.
+    What a crash loses: the unpublished tail of the crashed run (snapshots
+    not yet in the head, files never snapshotted), after at most
+    `remote_lease_ttl` + 1 s (the lapse) before another replica runs the
+    thread from what was published. A checkpointer that stores a checkpoint
+    only once its snapshot is published (`publish="wait"`) loses no stored
+    checkpoint's files; one that stores them ahead of publication loses those
+    checkpoints' snapshots: restoring one says `not_found`, never other files.
+    What a tenant of the prefix can and cannot do: it cannot make a replica
+    serve another thread's files (the record's thread id, the head's run and
+    thread, the manifests' run, seq, step, time and checksums are all
+    checked), nor make GC delete another thread's run (a tombstone dooms only
+    runs whose head names its own key, and no live record's run); it can
+    delete or rewrite a thread (plant its tombstone, its manifests), as it
+    could delete the thread's objects directly.
 
 `<run>` is the volume's run id as the store keeps it (32 hex digits; see
 `Store.run_id`); `check_run_id` accepts any id of 1-128 letters, digits, `._-`.

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import structlog
 
-from .head import MAX_HEAD_BYTES
+from .head import MAX_HEAD_BYTES, HeadError, read_head
 from .layout import (
     CHUNKS_DIR,
     GC_LEASE_KEY,
@@ -31,11 +31,15 @@ from .layout import (
     digest_of_chunk_key,
     intent_of_name,
     parse_run_key,
+    run_objects_prefix,
     seq_of_manifest_name,
+    thread_of_key,
+    threads_prefix,
 )
 from .lease import Lease, LeaseHeld, LeaseLost, LeaseState
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode
-from .objstore import ObjectStore, RemoteError, RemoteNotFound
+from .objstore import ObjectStore, RemoteConflict, RemoteError, RemoteNotFound
+from .threads import ThreadRecordError, read_record, write_record
 
 log = structlog.get_logger("vfsd.bucketgc")
 
@@ -74,6 +78,11 @@ class SweepReport:
     chunk_bytes: int = 0
     young: int = 0
     mark_rounds: int = 0
+    threads: int = 0
+    tombstones: int = 0
+    runs_deleted: list[str] = field(default_factory=list)
+    run_objects_deleted: int = 0
+    runs_refused: list[dict] = field(default_factory=list)
     deleted: int = 0
     deleted_bytes: int = 0
     would_delete: list[str] = field(default_factory=list)
@@ -115,12 +124,14 @@ def sweep(store: ObjectStore, *, grace: float, dry_run: bool = False, ttl: float
         raise GcBusy(f"another GC sweep is running on {store.url} ({exc})") from None
     try:
         t0 = _server_now(store)
-        marked, stale = _mark(store, lease, t0, report, workers, tell)
+        doomed = _deleted_threads(store, lease, report)
+        marked, stale = _mark(store, lease, t0, report, workers, tell, set(doomed))
         report.marked = len(marked)
         if on_marked is not None:
             on_marked()
         if stale and not dry_run:
             _delete(store, lease, stale)
+        _delete_runs(store, lease, doomed, report)
         _sweep_chunks(store, lease, t0, grace, marked, report, tell)
     except LeaseLost as exc:
         raise GcError(f"the sweep lost its lease and stopped deleting ({exc})") from None
@@ -174,9 +185,94 @@ def _delete(store: ObjectStore, lease: Lease, keys: list[str]) -> None:
                       "promptly") from None
 
 
+def _deleted_threads(store: ObjectStore, lease: Lease,
+                     report: SweepReport) -> dict[str, list]:
+    """Runs of deleted threads, to delete: run -> [tombstone records listing it].
+
+    Only a run a tombstone lists, that no live record names, and whose head
+    is gone or names that very thread (`thread` in the head, written when a
+    shard fences it): a tombstone planted by a tenant of the prefix can delete
+    the thread it is the record of, never another thread's run nor a run
+    dir's run. A record that does not parse deletes nothing.
+    """
+    live: set[str] = set()
+    tombstones = []
+    for n, info in enumerate(store.list(threads_prefix())):
+        if n % 1000 == 0:
+            _keep_alive(lease)
+        key = thread_of_key(info.key)
+        if key is None:
+            continue
+        report.threads += 1
+        try:
+            rec = read_record(store, key)
+        except ThreadRecordError as exc:
+            log.warning("gc_thread_record_damaged", key=info.key, error=str(exc))
+            continue
+        if rec is None:
+            continue
+        if rec.live:
+            live.add(rec.run)
+        elif rec.old_runs:
+            tombstones.append(rec)
+    report.tombstones = len(tombstones)
+    doomed: dict[str, list] = {}
+    for rec in tombstones:
+        for run in rec.old_runs:
+            why = None
+            if run in live:
+                why = "a live thread's record names it"
+            else:
+                try:
+                    head = read_head(store, run)
+                except HeadError as exc:
+                    head, why = None, f"its head is damaged ({exc})"
+                if head is not None and head.thread != rec.key:
+                    why = f"its head belongs to {head.thread or 'no thread (a run dir)'}"
+            if why is not None:
+                report.runs_refused.append({"run": run, "tombstone": rec.key, "why": why})
+                log.warning("gc_run_not_deleted", run=run, tombstone=rec.key, why=why)
+                continue
+            doomed.setdefault(run, []).append(rec)
+    return doomed
+
+
+def delete_run_objects(store: ObjectStore, run: str, deadline: float | None = None) -> int:
+    """Delete every object of a run (lease, head, manifests, intents); how many.
+    Blocks. For a deleted thread's run, whose record is a tombstone already."""
+    keys = [info.key for info in store.list(run_objects_prefix(run), deadline=deadline)]
+    if keys:
+        store.delete(keys, deadline=deadline)
+    return len(keys)
+
+
+def _delete_runs(store: ObjectStore, lease: Lease, doomed: dict[str, list],
+                 report: SweepReport) -> None:
+    """Delete the doomed runs' objects; then the tombstones stop listing them."""
+    for run in sorted(doomed):
+        keys = [info.key for info in store.list(run_objects_prefix(run))]
+        if keys and not report.dry_run:
+            _delete(store, lease, keys)
+        report.runs_deleted.append(run)
+        report.run_objects_deleted += len(keys)
+    if report.dry_run:
+        return
+    records = {}
+    for recs in doomed.values():
+        for rec in recs:
+            records.setdefault(rec.key, rec)
+    for rec in records.values():
+        rec.old_runs = [r for r in rec.old_runs if r not in doomed]
+        try:
+            write_record(store, rec)
+        except (RemoteConflict, RemoteError) as exc:  # the next sweep does it
+            log.info("gc_tombstone_not_pruned", key=rec.key, error=str(exc))
+
+
 def _list_runs(store: ObjectStore, lease: Lease, t0: float, runs: set[str],
-               stale: set[str]) -> tuple[list[str], list[str]]:
-    """One listing of `runs/`: (live intents, manifests); stale intents go to `stale`."""
+               stale: set[str], skip: set[str]) -> tuple[list[str], list[str]]:
+    """One listing of `runs/`: (live intents, manifests); stale intents go to
+    `stale`; the runs in `skip` (deleted threads') count for nothing."""
     intents: list[str] = []
     manifests: list[str] = []
     for n, info in enumerate(store.list(RUNS_DIR + "/")):
@@ -186,6 +282,8 @@ def _list_runs(store: ObjectStore, lease: Lease, t0: float, runs: set[str],
         if parsed is None:
             continue
         run, kind, rest = parsed
+        if run in skip:
+            continue
         runs.add(run)
         if kind == "intents" and intent_of_name(rest):
             if info.last_modified >= t0 - INTENT_MAX_AGE:
@@ -198,7 +296,7 @@ def _list_runs(store: ObjectStore, lease: Lease, t0: float, runs: set[str],
 
 
 def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
-          workers: int, tell: Callable[[str, int, int | None], None]
+          workers: int, tell: Callable[[str, int, int | None], None], skip: set[str]
           ) -> tuple[set[bytes], list[str]]:
     """(digests named by live intents and every manifest under the prefix, stale intents).
 
@@ -237,7 +335,7 @@ def _mark(store: ObjectStore, lease: Lease, t0: float, report: SweepReport,
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for rounds in range(1, MAX_MARK_ROUNDS + 1):
             report.mark_rounds = rounds
-            intents, manifests = _list_runs(store, lease, t0, runs, stale)
+            intents, manifests = _list_runs(store, lease, t0, runs, stale, skip)
             intents = [k for k in intents if k not in seen]
             manifests = [k for k in manifests if k not in seen]
             if not intents and not manifests:

@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from .layout import check_run_id, head_key, manifest_key
+from .layout import check_run_id, check_thread_key, head_key, manifest_key
 from .manifest import MAX_MANIFEST_BYTES, MAX_RAW_BYTES, Manifest, ManifestError, decode
 from .objstore import ObjectStore, RemoteConflict, RemoteNotFound, RemoteTooLarge
 
@@ -47,16 +47,26 @@ class Head:
     snapshots: list[dict] = field(default_factory=list)  # oldest first
     etag: str = ""
     writer: dict = field(default_factory=dict)
+    #: the thread key of a shard thread's run (`threads/<key>` names this run); None
+    #: for a run dir's run
+    thread: str | None = None
 
     # ------------------------------------------------------------------ format
 
     def to_bytes(self) -> bytes:
-        return json.dumps({
+        doc = {
             "vfsd_head": HEAD_FORMAT, "run": self.run, "generation": self.generation,
             "latest": self.latest, "updated_ns": time.time_ns(),
             "writer": {"host": socket.gethostname(), "pid": os.getpid()},
             "snapshots": self.snapshots,
-        }, sort_keys=True).encode()
+        }
+        if self.thread is not None:
+            doc["thread"] = self.thread
+        return json.dumps(doc, sort_keys=True).encode()
+
+    def successor(self, generation: int, latest: int, snapshots: list[dict]) -> Head:
+        """The next version of this head (same run and thread, CAS on this ETag)."""
+        return Head(self.run, generation, latest, snapshots, self.etag, thread=self.thread)
 
     @classmethod
     def parse(cls, data: bytes, etag: str, run: str) -> Head:
@@ -79,11 +89,18 @@ class Head:
                     or not 0 < s["seq"] <= latest or s["parent"] >= s["seq"] \
                     or s["seq"] in seen \
                     or not all(_uint(s[k]) for k in _COUNTS if k in s) \
-                    or not isinstance(s.get("pinned", False), bool):
+                    or not isinstance(s.get("pinned", False), bool) \
+                    or not isinstance(s.get("retired", False), bool):
                 raise HeadError(f"the head of run {run} lists a damaged snapshot entry")
             seen.add(s["seq"])
         writer = doc.get("writer") if isinstance(doc.get("writer"), dict) else {}
-        return cls(run, gen, latest, snaps, etag, writer)
+        thread = doc.get("thread")
+        if thread is not None:
+            try:
+                check_thread_key(thread)
+            except ValueError:
+                raise HeadError(f"the head of run {run} names a damaged thread key") from None
+        return cls(run, gen, latest, snaps, etag, writer, thread)
 
     # ----------------------------------------------------------------- queries
 
@@ -95,6 +112,11 @@ class Head:
 
     def ids(self) -> list[str]:
         return [f"s{s['seq']}" for s in self.snapshots]
+
+    def current(self) -> list[dict]:
+        """The entries of snapshots the run keeps (not those listed only because a
+        kept delta needs their manifest: `retired`)."""
+        return [s for s in self.snapshots if not s.get("retired")]
 
     def chain_length(self, seq: int) -> int:
         """Deltas from `seq` down to its full manifest (0 for a full one)."""
@@ -217,29 +239,36 @@ def fetch_chain(store: ObjectStore, run: str, seq: int,
     return chain
 
 
-def fence(store: ObjectStore, run: str, generation: int) -> tuple[Head, int]:
+def fence(store: ObjectStore, run: str, generation: int,
+          thread: str | None = None) -> tuple[Head, int]:
     """Write the head with our new lease generation (creating it if need be).
 
     Called right after taking a run's lease: from then on a stale writer's
     CAS on the head fails. Returns the head as written and the generation
-    that had written it before (0 for a new head).
+    that had written it before (0 for a new head). With `thread` (a shard
+    thread's key), the head is marked as that thread's; a head that names
+    another thread raises HeadError (a record pointing at another thread's run).
     """
     for _ in range(5):
         head = read_head(store, run)
         if head is None:
-            head = Head(run, generation)
+            head = Head(run, generation, thread=thread)
             try:
                 write_head(store, head, create=True)
                 return head, 0
             except RemoteConflict:
                 continue
+        if thread is not None and head.thread not in (None, thread):
+            raise HeadError(f"the head of run {run} belongs to thread {head.thread}, not "
+                            f"{thread}: refusing to serve another thread's snapshots")
         if head.generation > generation:
             raise HeadError(f"the head of run {run} was written by generation "
                             f"{head.generation}, newer than our lease's {generation}")
         previous = head.generation
-        if previous == generation:
+        if previous == generation and head.thread == (thread or head.thread):
             return head, previous
         head.generation = generation
+        head.thread = thread or head.thread
         try:
             write_head(store, head)
         except RemoteConflict:

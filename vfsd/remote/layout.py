@@ -8,6 +8,7 @@ import re
 
 CHUNKS_DIR = "chunks"
 RUNS_DIR = "runs"
+THREADS_DIR = "threads"
 GC_DIR = "gc"
 #: intents older than this (server clock) are ignored and deleted by GC
 INTENT_MAX_AGE = 3600.0
@@ -16,6 +17,7 @@ _HEX = re.compile(r"[0-9a-f]{32}")
 _SEQ = re.compile(r"[1-9][0-9]{0,18}")
 _INTENT = re.compile(r"([1-9][0-9]{0,18})-([1-9][0-9]{0,18})(?:-[0-9a-f]{16})?")
 _ATTEMPT = re.compile(r"[0-9a-f]{16}")
+_THREAD_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def check_run_id(run_id: str) -> str:
@@ -80,6 +82,36 @@ def intent_key(run_id: str, seq: int, generation: int, attempt: str | None = Non
 
 
 GC_LEASE_KEY = f"{GC_DIR}/lease"
+
+
+def check_thread_key(tkey: str) -> str:
+    """`tkey` if it can name a thread record (a shard's volume name: 1-64 letters,
+    digits, `_` or `-`; a Runs uses `t` + 32 hex digits of the id's SHA-256)."""
+    if not isinstance(tkey, str) or not _THREAD_KEY.fullmatch(tkey):
+        raise ValueError(f"thread key {tkey!r} must be 1-64 letters, digits, '_' or '-'")
+    return tkey
+
+
+def thread_key(tkey: str) -> str:
+    """Key of a thread's record."""
+    return f"{THREADS_DIR}/{check_thread_key(tkey)}"
+
+
+def threads_prefix() -> str:
+    return f"{THREADS_DIR}/"
+
+
+def thread_of_key(key: str) -> str | None:
+    """The thread key a record's object key names, or None."""
+    parts = key.split("/")
+    if len(parts) != 2 or parts[0] != THREADS_DIR or not _THREAD_KEY.fullmatch(parts[1]):
+        return None
+    return parts[1]
+
+
+def run_objects_prefix(run_id: str) -> str:
+    """Every object of a run (lease, head, manifests, intents) is under this."""
+    return f"{run_prefix(run_id)}/"
 
 
 def parse_run_key(key: str) -> tuple[str, str, str] | None:

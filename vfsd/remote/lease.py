@@ -161,6 +161,14 @@ class Lease:
         #: True once the lease is known to be another owner's (taken over,
         #: removed or replaced), not merely lapsed while the store was unreachable
         self.taken_over = False
+        #: the lease object very likely exists (a run taken before): `acquire`
+        #: reads it first instead of trying to create it, one round trip less
+        self.expect_existing = False
+        #: successful renewals so far (a figure: one request each)
+        self.renewals = 0
+        #: the record this lease replaced when it was taken over (None: it made
+        #: a new one), for a holder that must know what its predecessor said
+        self.replaced: dict | None = None
 
     # ---------------------------------------------------------------- state
 
@@ -291,17 +299,20 @@ class Lease:
                                 "make a new Lease to try again")
         # generation -> when our write attempt asking for it was sent
         tried: dict[int, float] = {}
+        read_first = self.expect_existing
         for _ in range(5):  # the object may vanish or change between our reads
             sent = time.monotonic()
             self._acquired_at = self._wall()
             self._set_extra(None)
-            try:
-                tried.setdefault(1, sent)
-                etag = self.store.put(self.key, self._body(1), if_none_match=True)
-                self._won(etag, 1, sent)
-                return
-            except RemoteConflict:
-                pass  # there is one (or our own write landed and its answer was lost)
+            if not read_first:
+                try:
+                    tried.setdefault(1, sent)
+                    etag = self.store.put(self.key, self._body(1), if_none_match=True)
+                    self._won(etag, 1, sent)
+                    return
+                except RemoteConflict:
+                    pass  # there is one (or our own write landed and its answer was lost)
+            read_first = False
             state = self.read()
             if state is None:
                 continue
@@ -326,6 +337,7 @@ class Lease:
                 etag = self.store.put(self.key, self._body(generation), if_match=state.etag)
             except (RemoteConflict, RemoteNotFound):
                 continue  # somebody else moved first: look again
+            self.replaced = state.record
             self._won(etag, generation, sent)
             log.info("lease_taken_over", run=self.run_id, generation=generation,
                      previous=(state.record or {}).get("owner"))
@@ -386,6 +398,7 @@ class Lease:
                 self._etag = new_etag
                 self._valid_until = sent + self.ttl - self.margin
                 self._renewed_mono = sent
+                self.renewals += 1
             return
         self._lose("the lease object keeps changing under us")
         raise LeaseLost(f"lease on run {self.run_id} lost: it keeps changing")

@@ -346,6 +346,7 @@ class ObjectStore:
         self.stats = {"requests": 0, "retries": 0, "errors": 0, "bytes_up": 0, "bytes_down": 0}
         #: per request kind ("get", "put", "list", ...): each attempt's time, under `_lock`
         self.latency = Latencies()
+        self._tally = threading.local()  # see `counted`
         self._client = self._make_client()
 
     # ------------------------------------------------------------- setup
@@ -602,6 +603,20 @@ class ObjectStore:
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.stats[name] += n
+        if name == "requests":
+            box = getattr(self._tally, "box", None)
+            if box is not None:
+                box[0] += n
+
+    def counted(self, box: list[int], fn, *args):
+        """`fn(*args)`, adding the requests this thread sends meanwhile to `box[0]`
+        (what one operation cost, whatever else the store serves at the time)."""
+        old = getattr(self._tally, "box", None)
+        self._tally.box = box
+        try:
+            return fn(*args)
+        finally:
+            self._tally.box = old
 
     def _timed(self, op: str, t0: float, failed: bool) -> None:
         with self._lock:

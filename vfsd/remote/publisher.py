@@ -83,6 +83,103 @@ class Built:
     all_chunks: set[bytes]  # every chunk the manifest names
 
 
+def build_manifest(st, snaps, run_id: str, seq: int, parent: int, full: bool,
+                   generation: int) -> Built:
+    """The manifest of local snapshot `seq` (full, or a delta on `parent`, a
+    published snapshot of the same run). Reads only: a worker thread is fine."""
+    with st.txn() as txn:
+        rec = snaps._get(txn, seq)
+        changed = sorted({k for _, k in snaps._written_between(txn, parent, seq)}) \
+            if parent else None
+        okeys = sorted(snaps._visible_okeys(txn, seq)) if full else changed
+        entries = []
+        for okey in okeys:
+            got = snaps.value_at(txn, okey, seq)
+            value = got[1] if got else b""
+            if full and not value:
+                continue
+            entries.append((okey, value))
+        blobs = {}
+        for digest in entry_digests(entries, LOC_LMDB):
+            raw = txn.get(digest, db=st.db["blob"])
+            if raw is None:
+                raise PublishError(f"small object {digest.hex()} of snapshot s{seq} is "
+                                   "missing from the store")
+            blobs[digest] = bytes(raw)
+        if changed is None:
+            changed_entries = entries
+        else:
+            changed_entries = []
+            for okey in changed:
+                got = snaps.value_at(txn, okey, seq)
+                if got and got[1]:
+                    changed_entries.append((okey, got[1]))
+    manifest = Manifest(run_id, seq, 0 if full else parent, rec["step"],
+                        rec["created_ns"], generation, st.chunk_size,
+                        entries, blobs, pinned=bool(rec.get("pinned")),
+                        label=rec.get("label", "")[:200])
+    data = encode(manifest)
+    all_chunks = entry_digests(entries, LOC_FILE)
+    return Built(manifest, data, entry_digests(changed_entries, LOC_FILE), all_chunks)
+
+
+async def _in_thread(fn, *args):
+    return await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
+
+
+async def wait_for_no_sweep(objstore, check=lambda: None) -> tuple[float | None, float]:
+    """Step 4 of a publication (`vfsd.remote`): wait while a GC sweep holds
+    `gc/lease`, calling `check()` between looks (it raises to give up); then
+    (the shortest grace any sweep used, or None if none ever ran; time.monotonic())."""
+    gc = Lease(objstore, "gc", key=GC_LEASE_KEY)
+    while True:
+        state = await _in_thread(gc.read)
+        if state is None:
+            return None, time.monotonic()  # no sweep ever ran on this prefix
+        if state.expired:
+            floor = (state.record or {}).get("grace_floor")
+            ok = isinstance(floor, int | float) and not isinstance(floor, bool) \
+                and floor > 0
+            return (float(floor) if ok else 0.0), time.monotonic()
+        check()
+        await trio.sleep(min(SWEEP_POLL, max(0.05, state.expires_in)))
+
+
+async def confirm_chunks(objstore, uploader, reupload, digests: set[bytes], b: float,
+                         floor: float | None) -> tuple[int, int]:
+    """Step 5 of a publication: prove each chunk is in the bucket after `b`
+    (a chunk `uploader` created less than `floor / 2` before `b` is proved by
+    its age; any other is HEADed), calling `reupload(digest)` (in a worker
+    thread) for any that is missing. (chunks HEADed, chunks uploaded again)."""
+    if floor is None:
+        return 0, 0  # no sweep has ever run: what ensure_uploaded saw still holds
+    check = []
+    for digest in digests:
+        created = uploader.created_at(digest) if uploader is not None else None
+        if created is not None and b - created < floor / 2:
+            continue
+        check.append(digest)
+    if not check:
+        return 0, 0
+    limiter = trio.CapacityLimiter(max(1, uploader.workers if uploader is not None else 8))
+    missing: list[bytes] = []
+
+    async def head_one(digest: bytes) -> None:
+        found = await trio.to_thread.run_sync(objstore.exists, chunk_key(digest),
+                                              limiter=limiter, abandon_on_cancel=True)
+        if not found:
+            missing.append(digest)
+
+    async with trio.open_nursery() as nursery:
+        for digest in check:
+            nursery.start_soon(head_one, digest)
+    for digest in missing:
+        await trio.to_thread.run_sync(reupload, digest, limiter=limiter,
+                                      abandon_on_cancel=True)
+        log.info("chunk_reuploaded_after_gc", digest=digest.hex())
+    return len(check), len(missing)
+
+
 class Publisher:
     """Publishes the snapshots of one volume; see the module docstring."""
 
@@ -115,6 +212,12 @@ class Publisher:
         retained = {s["seq"] for s in self.snaps.list()}
         candidates = [s for s in self.published if s in retained]
         self._set_base(max(candidates, default=0))
+
+    def close(self) -> None:
+        """The run is over: let go of the base snapshot's hold."""
+        if self.base:
+            self._release(self.base)
+            self.base = 0
 
     def _set_base(self, seq: int) -> None:
         old = self.base
@@ -238,42 +341,8 @@ class Publisher:
 
     def _build_sync(self, seq: int, parent: int, full: bool, generation: int) -> Built:
         """In a worker thread: the manifest of `seq` (full, or a delta on `parent`)."""
-        snaps = self.snaps
-        st = self.store
-        with st.txn() as txn:
-            rec = snaps._get(txn, seq)
-            changed = sorted({k for _, k in snaps._written_between(txn, parent, seq)}) \
-                if parent else None
-            okeys = sorted(snaps._visible_okeys(txn, seq)) if full else changed
-            entries = []
-            for okey in okeys:
-                got = snaps.value_at(txn, okey, seq)
-                value = got[1] if got else b""
-                if full and not value:
-                    continue
-                entries.append((okey, value))
-            blobs = {}
-            for digest in entry_digests(entries, LOC_LMDB):
-                raw = txn.get(digest, db=st.db["blob"])
-                if raw is None:
-                    raise PublishError(f"small object {digest.hex()} of snapshot s{seq} is "
-                                       "missing from the store")
-                blobs[digest] = bytes(raw)
-            if changed is None:
-                changed_entries = entries
-            else:
-                changed_entries = []
-                for okey in changed:
-                    got = snaps.value_at(txn, okey, seq)
-                    if got and got[1]:
-                        changed_entries.append((okey, got[1]))
-        manifest = Manifest(self.tier.run_id, seq, 0 if full else parent, rec["step"],
-                            rec["created_ns"], generation, st.chunk_size,
-                            entries, blobs, pinned=bool(rec.get("pinned")),
-                            label=rec.get("label", "")[:200])
-        data = encode(manifest)
-        all_chunks = entry_digests(entries, LOC_FILE)
-        return Built(manifest, data, entry_digests(changed_entries, LOC_FILE), all_chunks)
+        return build_manifest(self.store, self.snaps, self.tier.run_id, seq, parent, full,
+                              generation)
 
     # -------------------------------------------------------- the GC handshake
 
@@ -333,53 +402,18 @@ class Publisher:
 
     async def _wait_for_no_sweep(self) -> tuple[float | None, float]:
         """Wait while a GC sweep holds `gc/lease`; (grace floor or None, time.monotonic())."""
-        gc = Lease(self.objstore, "gc", key=GC_LEASE_KEY)
         started = time.monotonic()
-        while True:
-            state = await self._to_thread(gc.read)
-            if state is None:
-                return None, time.monotonic()  # no sweep ever ran on this prefix
-            if state.expired:
-                floor = (state.record or {}).get("grace_floor")
-                ok = isinstance(floor, int | float) and not isinstance(floor, bool) \
-                    and floor > 0
-                self.stats["waited_for_gc_s"] += round(time.monotonic() - started, 3)
-                return (float(floor) if ok else 0.0), time.monotonic()
-            self.tier.lease.check()
-            await trio.sleep(min(SWEEP_POLL, max(0.05, state.expires_in)))
+        got = await wait_for_no_sweep(self.objstore, lambda: self.tier.lease.check())
+        self.stats["waited_for_gc_s"] += round(time.monotonic() - started, 3)
+        return got
 
     async def _confirm(self, digests: set[bytes], b: float, floor: float | None) -> None:
         """Prove each chunk is in the bucket after `b` (or young enough), re-uploading
         any that a sweep took."""
-        if floor is None:
-            return  # no sweep has ever run: what ensure_uploaded saw still holds
-        check = []
-        for digest in digests:
-            created = self.uploader.created_at(digest)
-            if created is not None and b - created < floor / 2:
-                continue
-            check.append(digest)
-        if not check:
-            return
-        limiter = trio.CapacityLimiter(max(1, self.uploader.workers))
-        missing: list[bytes] = []
-
-        async def head_one(digest: bytes) -> None:
-            found = await trio.to_thread.run_sync(
-                self.objstore.exists, chunk_key(digest), limiter=limiter,
-                abandon_on_cancel=True)
-            if not found:
-                missing.append(digest)
-
-        async with trio.open_nursery() as nursery:
-            for digest in check:
-                nursery.start_soon(head_one, digest)
-        self.stats["heads_checked"] += len(check)
-        for digest in missing:
-            await trio.to_thread.run_sync(self._reupload, digest, limiter=limiter,
-                                          abandon_on_cancel=True)
-            self.stats["chunks_reuploaded"] += 1
-            log.info("chunk_reuploaded_after_gc", digest=digest.hex())
+        checked, again = await confirm_chunks(self.objstore, self.uploader, self._reupload,
+                                              digests, b, floor)
+        self.stats["heads_checked"] += checked
+        self.stats["chunks_reuploaded"] += again
 
     def _reupload(self, digest: bytes) -> None:
         try:
@@ -438,9 +472,9 @@ class Publisher:
             if head.generation == m.generation and head.entry(m.seq):
                 self._doomed = doomed  # our previous write landed; its answer was lost
                 return
-            new = Head(head.run, m.generation, max(head.latest, m.seq),
-                       sorted([s for s in head.snapshots if s["seq"] != m.seq] + [entry],
-                              key=lambda s: s["seq"]), head.etag)
+            new = head.successor(m.generation, max(head.latest, m.seq),
+                                 sorted([dict(s) for s in head.snapshots if s["seq"] != m.seq]
+                                        + [entry], key=lambda s: s["seq"]))
             doomed = self._retention(new, keep_local | {m.seq}, step)
             new.snapshots = [s for s in new.snapshots if s["seq"] not in doomed]
             try:
@@ -462,6 +496,8 @@ class Publisher:
         need; the rest go (the same policy as local retention)."""
         cfg = self.tier.config
         seqs = [s["seq"] for s in head.snapshots]
+        if getattr(self.tier, "head_follows_local", False):
+            return self._follow_local(head, keep_local)
         newest = set(sorted(seqs)[-cfg.snapshot_keep_last:])
         keep = set()
         for s in head.snapshots:
@@ -470,6 +506,60 @@ class Publisher:
                 keep.add(s["seq"])
         keep = head.with_ancestors(keep)
         return set(seqs) - keep
+
+    async def follow_local(self) -> list[str]:
+        """A shard run's end: make the head list what the volume keeps when
+        snapshots were deleted since the last publication (a prune), so every
+        replica drops them too. The ids the head stops listing."""
+        lease = self.tier.lease
+        kept = {s["seq"] for s in self.retained()}
+        for _ in range(4):
+            head = self.head
+            if head is None or all(e["seq"] in kept for e in head.current()):
+                return []
+            lease.check()
+            if head.generation > lease.generation:
+                raise RunMovedOn(f"the head of run {head.run} was written by generation "
+                                 f"{head.generation}")
+            new = head.successor(lease.generation, head.latest,
+                                 [dict(e) for e in head.snapshots])
+            doomed = self._follow_local(new, set())
+            new.snapshots = [e for e in new.snapshots if e["seq"] not in doomed]
+            try:
+                await self._to_thread(write_head, self.objstore, new)
+            except RemoteConflict:
+                fresh = await self._to_thread(read_head, self.objstore, head.run)
+                if fresh is None:
+                    raise PublishError(f"the head of run {head.run} vanished") from None
+                self.head = fresh
+                continue
+            self.head = new
+            gone = {e["seq"] for e in head.current()} - {e["seq"] for e in new.current()}
+            with self.store.txn(write=True) as txn:
+                remotestate.forget_published(txn, self.store, doomed)
+            for seq in doomed:
+                self.published.pop(seq, None)
+            if doomed:
+                self.tier.nursery.start_soon(self._cleanup, head.run, head.latest,
+                                             lease.generation, doomed)
+            log.info("head_follows_volume", run=head.run,
+                     dropped=[snapshot_id(x) for x in sorted(gone)])
+            return [snapshot_id(x) for x in sorted(gone)]
+        raise PublishError(f"the head of run {self.head.run} keeps changing")
+
+    def _follow_local(self, head: Head, publishing: set[int]) -> set[int]:
+        """A shard run's head lists the snapshots its volume keeps (its holder's
+        retention, budget and deletions decide), so every replica's history
+        is the holder's: the others go, but those a kept delta needs, which stay
+        marked `retired` (a replica imports no retired snapshot)."""
+        wanted = {s["seq"] for s in self.retained()} | publishing
+        keep = head.with_ancestors({s["seq"] for s in head.snapshots if s["seq"] in wanted})
+        for s in head.snapshots:
+            if s["seq"] in keep and s["seq"] not in wanted:
+                s["retired"] = True
+            else:
+                s.pop("retired", None)
+        return {s["seq"] for s in head.snapshots} - keep
 
     # ------------------------------------------------------------ afterwards
 

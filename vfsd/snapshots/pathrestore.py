@@ -97,6 +97,37 @@ class PathRestore:
                 raise PathNotInSnapshot(f"snapshot {snapshot_id(seq)} has no {path!r}")
         return ino
 
+    def check(self, seq: int, src: str, target: str) -> None:
+        """Refuse (TargetExists, PathNotInSnapshot) what `restore(seq, src,
+        target)` would refuse for a file or link, changing nothing: for
+        requests done in several transactions (`restore_paths_in_steps`)."""
+        ino = self.find(seq, src)
+        entry = self.snaps._inode_at(self.txn, seq, ino)
+        if entry is None:
+            raise PathNotInSnapshot(f"snapshot {snapshot_id(seq)} has no {target!r}")
+        names = split_path(target)
+        live = ROOT_INO
+        for i, name in enumerate(names[:-1]):
+            child = self._live_child(live, name.encode(errors="surrogateescape"))
+            if child is None:
+                return  # made from the snapshot's directories: nothing in the way below
+            if not child.is_dir:
+                raise TargetExists(f"{'/'.join(names[:i + 1])!r} is not a directory "
+                                   "in the live tree: nothing can be restored below it")
+            live = child.ino
+        child = self._live_child(live, names[-1].encode(errors="surrogateescape"))
+        if child is None or (child.ino == ino and self._same(ino, entry)):
+            return
+        if child.is_dir and entry.inode.is_dir:
+            return  # merged into, file by file (see `_place`)
+        if not self.force:
+            raise TargetExists(f"{target!r} exists in the live tree (not as snapshot "
+                               f"{snapshot_id(seq)} has it): --force (force=true) replaces it")
+        if child.is_dir:
+            raise TargetExists(f"{target!r} is a directory in the live tree and a "
+                               f"{'file' if entry.inode.is_reg else 'link'} in snapshot "
+                               f"{snapshot_id(seq)}: remove the directory first")
+
     def _live_child(self, parent: int, name: bytes):
         raw = self.txn.get(self.st._key(parent) + name, db=self.st.db["dentry"])
         return self.st._get_inode(self.txn, _U64X2.unpack(raw)[0]) if raw is not None else None
@@ -259,3 +290,34 @@ def restore_paths(snaps, items: list[tuple[int, str, str]], *, force: bool = Fal
     return {"restored": sorted(job.restored), "unchanged": sorted(job.unchanged), "dentries": job.dentries,
             "inodes": job.inodes, "unlinked": job.unlinked}
 
+
+def restore_paths_in_steps(snaps, items: list[tuple[int, str, str]], *, force: bool = False,
+                           batch: int = 32):
+    """`restore_paths` for many items (an unevict of thousands of files), in
+    short transactions: every item is checked first (`PathRestore.check`,
+    read only), so a refusal changes nothing; then `batch` items per
+    transaction (a generator, see `vfsd.steps`; the caller holds the volume).
+    A daemon stopped half way leaves the items placed so far, each whole."""
+    st = snaps.store
+    for i in range(0, len(items), 256):
+        # A read transaction per batch: none may be held across a yield (with
+        # group commit on, a read on the loop shares the group's, which the
+        # loop commits meanwhile).
+        with st.txn() as txn:
+            job = PathRestore(snaps, txn, force=force, step=st._step(txn))
+            for seq, src, target in items[i:i + 256]:
+                snaps._get(txn, seq)
+                try:
+                    job.check(seq, src, target)
+                except errors.NotFound as exc:
+                    raise PathNotInSnapshot(f"{target!r}: {exc}") from None
+        yield
+    out = {"restored": [], "unchanged": [], "dentries": [], "inodes": [], "unlinked": []}
+    for i in range(0, len(items), batch):
+        res = restore_paths(snaps, items[i:i + batch], force=force)
+        for key in out:
+            out[key].extend(res[key])
+        yield
+    out["restored"].sort()
+    out["unchanged"].sort()
+    return out

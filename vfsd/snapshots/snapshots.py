@@ -166,6 +166,17 @@ def drop_volume(store: Store, name: str) -> None:
     store.drop_volume(name, entry_refs)
 
 
+def drop_volume_in_steps(store: Store, name: str):
+    """`drop_volume` in short transactions (a generator, see `Store.drop_volume_in_steps`)."""
+    return store.drop_volume_in_steps(name, entry_refs)
+
+
+def finish_drops_in_steps(store: Store):
+    """Finish every drop a crash cut short (a generator)."""
+    for vol in store.pending_drops():
+        yield from store.finish_drop_in_steps(vol, entry_refs)
+
+
 def clear_volume(store: Store) -> None:
     """Empty the volume of `store` (no root, no snapshots), keeping the volume itself."""
     store.clear_volume(entry_refs)
@@ -449,6 +460,198 @@ class Snapshots:
         record["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         return record
 
+    # ------------------------------------------------- long changes in steps
+
+    # A snapshot of many changed objects, or a restore of many, is seconds of
+    # work. In one write transaction it would hold every other volume of the
+    # store (a shard's other threads) for as long. Both are also made in steps
+    # instead, each a short transaction, while the caller holds the volume
+    # (`volume.Volume.hold`: its own requests wait, so the tree does not change
+    # under the steps) and yields to the loop between them. A meta key says one
+    # is under way (`snap_pending`, `restore_pending`: the seq); a volume found
+    # with one after a crash finishes it before it serves anything
+    # (`interrupted`), so a crash still leaves the state before or after.
+
+    #: seconds of work per transaction of a change made in steps
+    STEP_BUDGET_S = 0.005
+
+    def dirty_count(self) -> int:
+        """How many objects the next snapshot records at most (changed since the last)."""
+        with self.store.txn() as txn:
+            return len(self._dirty_okeys(txn))
+
+    def create_in_steps(self, *, pinned: bool = False, label: str = ""):
+        """`create`, one short transaction per step: a generator that yields
+        between transactions and returns the record (StopIteration.value).
+        Not for a first snapshot (`first_begin`)."""
+        if not isinstance(label, str) or len(label) > 200:
+            raise SnapshotError("a snapshot label is a string of at most 200 characters")
+        st = self.store
+        t0 = time.perf_counter()
+        with st.txn(write=True) as txn:
+            last = self._meta(txn, b"snap_seq")
+            if last == 0:
+                raise SnapshotError("the first snapshot records the whole tree: use create")
+            seq = last + 1
+            self._set_meta(txn, b"snap_pending", seq)
+        written = yield from self._record_dirty(seq)
+        record = self._publish(seq, pinned, label, written)
+        record["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        record["in_steps"] = True
+        return record
+
+    def _record_dirty(self, seq: int):
+        """Record every object changed since the last snapshot at `seq`, a
+        transaction per step; returns how many entries were written."""
+        st = self.store
+        with st.txn() as txn:
+            okeys = self._dirty_okeys(txn)
+        written = 0
+        i = 0
+        while i < len(okeys):
+            deadline = time.perf_counter() + self.STEP_BUDGET_S
+            refs: Counter = Counter()
+            with st.txn(write=True) as txn:
+                while i < len(okeys):
+                    okey = okeys[i]
+                    written += self._record(txn, okey, seq, refs)
+                    txn.delete(self._vb + okey, db=self.db["sdirty"])
+                    i += 1
+                    if time.perf_counter() > deadline:
+                        break
+                freed = st.apply_refs(txn, refs)
+            st._delete_unreferenced(freed)
+            yield i, len(okeys)
+        return written
+
+    def _publish(self, seq: int, pinned: bool, label: str, written: int) -> dict:
+        """The last step of a snapshot made in steps: its record, visible."""
+        st = self.store
+        with st.txn(write=True) as txn:
+            record = {"seq": seq, "id": snapshot_id(seq), "step": st._step(txn),
+                      "created_ns": time.time_ns(), "pinned": bool(pinned), "label": label,
+                      "parent": self._meta(txn, b"snap_base"), "entries": written,
+                      "run": self._run(txn)}
+            txn.put(self._vb + _U64.pack(seq), json.dumps(record).encode(), db=self.db["snap"])
+            self._set_meta(txn, b"snap_seq", seq)
+            self._set_meta(txn, b"snap_base", seq)
+            txn.delete(self.store._vp + b"snap_pending", db=self.db["meta"])
+            st.set_base(txn)
+        st.forget_marks()
+        st.base_set()
+        return record
+
+    def restore_plan(self, ident: str) -> dict:
+        """What `restore_in_steps(plan)` changes: the objects changed since the
+        snapshot and their states there (reads only; fine in a worker thread)."""
+        seq = parse_id(ident)
+        with self.store.txn() as txn:
+            rec = self._get(txn, seq)
+            okeys = self.changed_since(txn, seq)
+            targets = {}
+            for okey in okeys:
+                got = self.value_at(txn, okey, seq)
+                targets[okey] = got[1] if got else b""
+        return {"seq": seq, "record": rec, "targets": targets}
+
+    def restore_in_steps(self, plan: dict):
+        """`restore`, one short transaction per step (a generator like
+        `create_in_steps`, returning what `restore` returns). `plan` comes from
+        `restore_plan`, made with the volume held and nothing changed since."""
+        st = self.store
+        t0 = time.perf_counter()
+        seq, rec, targets = plan["seq"], plan["record"], plan["targets"]
+        dentries = [k for k in targets if k[:1] == b"d"]
+        inodes = [k for k in targets if k[:1] == b"i"]
+        touched_dentries: list[tuple[int, bytes]] = []
+        touched_inodes: list[int] = []
+        kernel_names: dict[tuple[int, bytes], None] = {}
+        unlinked: list[int] = []
+        self.hot_reset = []
+        with st.txn(write=True) as txn:
+            self._set_meta(txn, b"restore_pending", seq)
+
+        def drop_names(txn, okey) -> None:
+            # Names that must go or change first, so inodes can be set freely.
+            parent, name = _U64.unpack(okey[1:9])[0], okey[10:]
+            current = self.live_value(txn, okey)
+            if current != targets[okey] and current:
+                st._del_entry(txn, parent, name)
+                touched_dentries.append((parent, name))
+
+        def set_inode(txn, okey) -> list[bytes]:
+            ino = _U64.unpack(okey[1:9])[0]
+            target = targets[okey]
+            if self.live_value(txn, okey) == target:
+                return []
+            # Under the writeback cache the kernel keeps its own size of a file
+            # it has in memory: only dropping every name of a changed inode
+            # makes it look the inode up afresh.
+            kernel_names.update(dict.fromkeys(st._names_of(txn, ino)))
+            freed = self._set_live_inode(txn, ino, target, unlinked)
+            touched_inodes.append(ino)
+            if target:  # an evicted file among them is back: its record says so
+                st.logs.mark_restored(txn, ino, unpack_inode_entry(ino, target).inode.gen,
+                                      rec["step"], snapshot_id(seq))
+            return freed
+
+        def add_names(txn, okey) -> None:
+            parent, name = _U64.unpack(okey[1:9])[0], okey[10:]
+            target = targets[okey]
+            if target and self.live_value(txn, okey) != target:
+                st._add_entry(txn, parent, name, _U64.unpack(target)[0])
+                touched_dentries.append((parent, name))
+
+        for okeys, apply in ((dentries, drop_names), (inodes, set_inode),
+                             (dentries, add_names)):
+            i = 0
+            while i < len(okeys):
+                deadline = time.perf_counter() + self.STEP_BUDGET_S
+                freed: list[bytes] = []
+                with st.txn(write=True) as txn, st.batched_counters(txn):
+                    while i < len(okeys):
+                        freed += apply(txn, okeys[i]) or []
+                        i += 1
+                        if time.perf_counter() > deadline:
+                            break
+                st._delete_unreferenced(freed)
+                yield i, len(okeys)
+        with st.txn(write=True) as txn:
+            kernel_names.update(dict.fromkeys(touched_dentries))
+            for ino in touched_inodes:
+                kernel_names.update(dict.fromkeys(st._names_of(txn, ino)))
+            txn.put(st._vp + b"step", _U64.pack(rec["step"]), db=self.db["meta"])
+            self._set_meta(txn, b"snap_base", seq)
+            txn.delete(st._vp + b"restore_pending", db=self.db["meta"])
+            st.set_base(txn)
+        st.base_set()
+        for ino in self.hot_reset:
+            st.hot.delete(st.vol, ino)
+        return {"id": snapshot_id(seq), "step": rec["step"], "dentries": list(kernel_names),
+                "inodes": touched_inodes, "unlinked": unlinked,
+                "changed": len(touched_inodes) + len(set(touched_dentries)),
+                "duration_ms": round((time.perf_counter() - t0) * 1000, 3), "in_steps": True}
+
+    def interrupted(self) -> tuple[str, int] | None:
+        """("snapshot" | "restore", seq) of a change in steps a crash cut short, or None."""
+        with self.store.txn() as txn:
+            for kind, key in (("snapshot", b"snap_pending"), ("restore", b"restore_pending")):
+                seq = self._meta(txn, key)
+                if seq:
+                    return kind, seq
+        return None
+
+    def finish_interrupted(self):
+        """Finish what `interrupted` names (a generator, as the steps are)."""
+        found = self.interrupted()
+        if found is None:
+            return None
+        kind, seq = found
+        if kind == "snapshot":
+            written = yield from self._record_dirty(seq)
+            return self._publish(seq, False, "finished after a crash", written)
+        return (yield from self.restore_in_steps(self.restore_plan(snapshot_id(seq))))
+
     def _run(self, txn) -> str:
         raw = txn.get(self.store._vp + b"run", db=self.db["meta"])
         return bytes(raw).decode() if raw is not None else ""
@@ -500,6 +703,22 @@ class Snapshots:
                         break
                     out.append(json.loads(bytes(v)))
         return out
+
+    def count_and_newest(self) -> tuple[int, dict | None]:
+        """How many snapshots are retained, and the newest one's record (None:
+        none): the keys alone are counted, one record is decoded."""
+        count, newest, vb = 0, None, self._vb
+        with self.store.txn() as txn:
+            cur = txn.cursor(db=self.db["snap"])
+            if cur.set_range(vb):
+                for k in cur.iternext(keys=True, values=False):
+                    if k[:4] != vb:
+                        break
+                    count += 1
+                    newest = bytes(k)
+            if newest is not None:
+                newest = json.loads(bytes(txn.get(newest, db=self.db["snap"])))
+        return count, newest
 
     def get(self, ident: str) -> dict:
         seq = parse_id(ident)
@@ -948,7 +1167,7 @@ class Snapshots:
 
     # --------------------------------------------------------------- fork
 
-    def copy_into(self, seq: int, dest: Store, okeys: list[bytes], *, batch: int = 2000):
+    def copy_into(self, seq: int, dest: Store, okeys: list[bytes], *, batch: int = 200):
         """Copy the objects `okeys` of snapshot `seq` into the empty volume `dest`
         (same store); `okeys` come from `_visible_okeys`.
 
@@ -983,7 +1202,7 @@ class Snapshots:
     #: the tables of a volume's snapshot history, and where each key holds its seq
     _HISTORY = {"snap": "head", "sgone": "head", "sgen": "head", "sver": "tail"}
 
-    def copy_history(self, dest: Store, upto: int, *, batch: int = 2000):
+    def copy_history(self, dest: Store, upto: int, *, batch: int = 500):
         """Copy this volume's snapshot history (records, deletion notes, version
         entries of every snapshot up to `upto`) into volume `dest` of the same
         store, which then has the same snapshots under the same ids (a copied

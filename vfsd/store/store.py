@@ -67,6 +67,10 @@ _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PanicError,
             lmdb.VersionMismatchError, lmdb.InvalidError, lmdb.BadValsizeError)
 
 
+#: `Store(dir, BASE)`: the environment without a volume (see `Store.base`)
+BASE = object()
+
+
 def _u64(n: int) -> bytes:
     return _U64.pack(n)
 
@@ -171,6 +175,7 @@ class _Txn:
             raise translate(err) from err
         if not self.write:
             return False
+        st.commits += 1
         st.durability.committed()
         if st._pending_marks:
             if st.dirty_since is None:
@@ -236,6 +241,9 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         self.base_clean = False
         self._base_touched = False
         self.dirty_since: float | None = None  # first change since the last snapshot
+        #: write transactions this handle committed (a volume's own, in a shared
+        #: environment: see `view`)
+        self.commits = 0
         self.on_chunk_files = None  # remote tier: (made [(digest, size)], deleted [digest])
         # Writers keep compaction away while they have the store open (and
         # make no directory where there is no store to open).
@@ -251,6 +259,12 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
                 self.env.close()
             self._release_hold()
             raise
+
+    @classmethod
+    def base(cls, store_dir: Path, **options) -> Store:
+        """A handle on the store's environment and content alone, no volume of
+        its own: a shard's, which serves each volume through a `view`."""
+        return cls(store_dir, BASE, **options)
 
     def _open(self, volume, readonly, create, map_size, sync, chunk_size, inline_max,
               incomplete_ok) -> None:
@@ -272,11 +286,19 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
             self.content.doom = self.durability.doom_chunks
         self.logs = EventLog(self)
         self._deltas: dict[bytes, int] | None = None
-        self.volume = volume or "default"
-        self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
+        if volume is BASE:
+            # The environment alone: its volumes are `view`s of this handle.
+            self.volume, self.vol, self.root_ino = "", 0, 0
+            if not readonly:
+                with self.txn(write=True) as txn:
+                    if txn.get(b"schema", db=self.db["meta"]) is None:
+                        txn.put(b"schema", _U32.pack(SCHEMA_VERSION), db=self.db["meta"])
+        else:
+            self.volume = volume or "default"
+            self.vol, self.root_ino = self._open_volume(volume, create and not readonly)
         self._vp = b"v" + _U32.pack(self.vol) + b":"
         self._vb = _U32.pack(self.vol)
-        if volume is not None and self.meta_u64(b"incomplete") and not incomplete_ok:
+        if volume not in (None, BASE) and self.meta_u64(b"incomplete") and not incomplete_ok:
             raise errors.StoreVersionError(
                 f"volume {self.volume!r} of store {self.dir} is a fork or an import that did "
                 "not finish copying; run `vfsd fork` (or `vfsd mount --from`) again to redo it")
@@ -437,6 +459,19 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         txn.put(key, _VI.pack(vol, ROOT_INO), db=db["volume"])
         return vol
 
+    def rename_volume(self, old: str, new: str) -> None:
+        """Give volume `old` the name `new` (its id, files and snapshots stay)."""
+        with self.txn(write=True) as txn:
+            raw = txn.get(old.encode(), db=self.db["volume"])
+            if raw is None:
+                raise errors.NoSuchVolume(f"store {self.dir} has no volume {old!r}")
+            if txn.get(new.encode(), db=self.db["volume"]) is not None:
+                raise errors.Exists(f"volume {new!r} exists")
+            vol = _VI.unpack(raw)[0]
+            txn.delete(old.encode(), db=self.db["volume"])
+            txn.put(new.encode(), raw, db=self.db["volume"])
+            txn.put(b"v" + _U32.pack(vol) + b":name", new.encode(), db=self.db["meta"])
+
     def volumes(self) -> dict[str, int]:
         """Every volume of the store: name -> vol id."""
         with self.txn() as txn:
@@ -499,6 +534,76 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         self._delete_unreferenced(freed)
         shutil.rmtree(self.hot.root / str(view.vol), ignore_errors=True)
 
+    #: seconds of work per transaction of a volume dropped in steps
+    DROP_STEP_S = 0.005
+
+    def drop_volume_in_steps(self, name: str, entry_refs: Callable[[bytes, bytes], list[bytes]]):
+        """`drop_volume` in short transactions (a generator: yields between
+        them). The first takes the name away (nothing can open the volume from
+        then on) and notes the drop under way in `meta` (`dropping:` + vol
+        u32); `pending_drops` lists those a crash cut short, and
+        `finish_drop_in_steps` ends them."""
+        with self.txn(write=True) as txn:
+            raw = txn.get(name.encode(), db=self.db["volume"])
+            if raw is None:
+                raise errors.NoSuchVolume(f"store {self.dir} has no volume {name!r}")
+            vol = _VI.unpack(raw)[0]
+            txn.delete(name.encode(), db=self.db["volume"])
+            txn.put(b"dropping:" + _U32.pack(vol), name.encode(), db=self.db["meta"])
+        yield from self.finish_drop_in_steps(vol, entry_refs)
+
+    def pending_drops(self) -> list[int]:
+        """Volume ids whose drop a crash cut short (see `drop_volume_in_steps`)."""
+        with self.txn() as txn:
+            cur = txn.cursor(db=self.db["meta"])
+            out = []
+            if cur.set_range(b"dropping:"):
+                for key in cur.iternext(values=False):
+                    if not bytes(key).startswith(b"dropping:"):
+                        break
+                    out.append(_U32.unpack(bytes(key)[9:13])[0])
+            return out
+
+    def finish_drop_in_steps(self, vol: int, entry_refs):
+        """Delete every record of volume `vol` (whose name is gone already),
+        a short transaction per step, then its meta keys and the drop's note."""
+        vb = _U32.pack(vol)
+        for table in self._PER_VOLUME:
+            if self.db[table] is None:
+                continue
+            while True:
+                deadline = time.perf_counter() + self.DROP_STEP_S
+                refs: Counter = Counter()
+                more = False
+                with self.txn(write=True) as txn:
+                    cur = txn.cursor(db=self.db[table])
+                    if cur.set_range(vb):
+                        while cur.key()[:4] == vb:
+                            if table == "block":
+                                refs[bytes(cur.value())] -= 1
+                            elif table == "sver":
+                                for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
+                                    refs[ref] -= 1
+                            if not cur.delete() or not cur.key():
+                                break
+                            if time.perf_counter() > deadline:
+                                more = cur.key()[:4] == vb
+                                break
+                    freed = self.content.apply(txn, refs)
+                self._delete_unreferenced(freed)
+                yield table
+                if not more:
+                    break
+        prefix = b"v" + vb + b":"
+        with self.txn(write=True) as txn:
+            cur = txn.cursor(db=self.db["meta"])
+            if cur.set_range(prefix):
+                while cur.key()[:len(prefix)] == prefix:
+                    if not cur.delete() or not cur.key():
+                        break
+            txn.delete(b"dropping:" + vb, db=self.db["meta"])
+        shutil.rmtree(self.hot.root / str(vol), ignore_errors=True)
+
     def view(self, name: str) -> Store:
         """A handle on another volume of this store (same environment).
 
@@ -507,12 +612,14 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
         """
         other = copy.copy(self)
         other._marked, other._pending_marks, other._deltas = set(), set(), None
+        other._base_touched, other.dirty_since, other._hot_gone = False, None, []
+        other.commits = 0
         other.volume = name
         other.vol, other.root_ino = self._open_volume(name, create=False)
         other._vp = b"v" + _U32.pack(other.vol) + b":"
         other._vb = _U32.pack(other.vol)
         other.logs = EventLog(other)
-        other.tracking = other.meta_u64(b"snap_seq") > 0
+        other.reload_snapshot_state()
         return other
 
     def reload_snapshot_state(self) -> None:
@@ -700,15 +807,16 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
 
     def delete_synced(self, in_use=None) -> int:
         """Delete the chunk and hot files that durable records no longer name
-        (on the thread that commits). `in_use(ino)`: an open inode of this
-        volume, whose hot file stays. Returns how many files went."""
+        (on the thread that commits). `in_use(vol, ino)`: an open inode (of
+        any volume the caller serves), whose hot file stays. Returns how many
+        files went."""
         doomed, doomed_hot = self.durability.take_ready()
         gone = 0
         if doomed:
             with self.txn(write=True) as txn:
                 gone += self.content.delete_unreferenced(txn, doomed)
         for vol, ino in doomed_hot:
-            if vol == self.vol and in_use is not None and in_use(ino):
+            if in_use is not None and in_use(vol, ino):
                 continue  # open again: its hot file is its own business
             with self.txn() as txn:
                 if txn.get(_VI.pack(vol, ino), db=self.db["hotino"]) is not None:
@@ -764,6 +872,16 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
                 txn.put(k, _u64(max(val, 0)), db=self.db["meta"])
         finally:
             self._deltas = None  # an aborted batch leaves no pending counts behind
+
+    def meta_bytes(self, key: bytes) -> bytes | None:
+        """A per-volume value from `meta` (None: not set)."""
+        with self.txn() as txn:
+            raw = txn.get(self._vp + key, db=self.db["meta"])
+        return bytes(raw) if raw is not None else None
+
+    def set_meta_bytes(self, key: bytes, value: bytes) -> None:
+        with self.txn(write=True) as txn:
+            txn.put(self._vp + key, value, db=self.db["meta"])
 
     def meta_u64(self, key: bytes, default: int = 0) -> int:
         """A per-volume u64 from `meta`."""
