@@ -668,19 +668,13 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         if plan.needs_parent:
             plan.parent = self._known(plan.thread, plan.parent_id) or \
                 await self._aversion_of(config)
-        stack = contextlib.ExitStack()
-        try:
+        async with _let_go_in_worker() as stack:
             tf = await asyncio.to_thread(stack.enter_context, self._thread_files(plan.thread))
             await asyncio.to_thread(stack.enter_context, self._outside_run(tf, plan))
             version, meta = await asyncio.to_thread(
                 self._prepare_put, tf, plan, checkpoint, metadata)
             stored = await self.saver.aput(config, checkpoint, meta, new_versions)
             await asyncio.to_thread(tf.after_put, plan, checkpoint["id"], version)
-        except BaseException:
-            # Let go in a worker thread too (a hold is given back to the bucket).
-            await asyncio.shield(asyncio.to_thread(stack.close))
-            raise
-        await asyncio.to_thread(stack.close)
         return stored
 
     def _has_no_files(self, plan: PutPlan) -> bool:
@@ -768,12 +762,11 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             return
         checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
         thread = thread_of(config)
-        with contextlib.ExitStack() as stack:
+        async with _let_go_in_worker() as stack:
             tf = await asyncio.to_thread(stack.enter_context, self._thread_files(thread))
             if not await asyncio.to_thread(tf.pin_when_known, checkpoint_id):
                 version = await self._aversion_of(config)
                 await asyncio.to_thread(tf.pin_interrupt, checkpoint_id, version)
-            await asyncio.to_thread(stack.close)
 
     # -- thread lifecycle ------------------------------------------------------------------
 
@@ -822,18 +815,13 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             {"configurable": {"thread_id": source_thread_id}})]
         tuples.sort(key=lambda t: t.checkpoint["id"])
         copied = await asyncio.to_thread(self._copy_files, source, target, bool(tuples))
-        stack = contextlib.ExitStack()
-        try:
+        async with _let_go_in_worker() as stack:
             if copied is not None:
                 await asyncio.to_thread(stack.enter_context, self._holding(target, "copy"))
             for tup in tuples:
                 stored = await self.saver.aput(*_copy_args(tup, target_thread_id, copied))
                 for task_id, writes in _writes_by_task(tup):
                     await self.saver.aput_writes(stored, writes, task_id)
-        except BaseException:
-            await asyncio.shield(asyncio.to_thread(stack.close))
-            raise
-        await asyncio.to_thread(stack.close)
 
     def _copy_files(self, source: str, target: str,
                     has_checkpoints: bool) -> dict[str, Any] | None:
@@ -876,8 +864,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             if self.runs is not None and not self.replicated and \
                     not await asyncio.to_thread(self.runs.exists, thread):
                 continue
-            stack = contextlib.ExitStack()
-            try:
+            async with _let_go_in_worker() as stack:
                 await asyncio.to_thread(stack.enter_context, self._holding(thread, "prune"))
                 named = set()
                 async for t in self.saver.alist(
@@ -891,10 +878,6 @@ class VfsdCheckpointer(BaseCheckpointSaver):
                         tf.release_unnamed(named)
 
                 await asyncio.to_thread(release)
-            except BaseException:
-                await asyncio.shield(asyncio.to_thread(stack.close))
-                raise
-            await asyncio.to_thread(stack.close)
 
     def _threads_of_runs(self, run_ids: Sequence[str]) -> set[str]:
         threads: set[str] = set()
@@ -932,6 +915,21 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             return known
         tup = await self.saver.aget_tuple(_plain(config))
         return FilesVersion.of(tup.metadata, strict=True) if tup else None
+
+
+@contextlib.asynccontextmanager
+async def _let_go_in_worker() -> AsyncIterator[contextlib.ExitStack]:
+    """An ExitStack for the holds an async method takes (a thread's files, a
+    run of it), let go in a worker thread, when the block fails or is
+    cancelled too: letting go may wait for a daemon, or give a run back to
+    the bucket, which must not hold up the event loop."""
+    stack = contextlib.ExitStack()
+    try:
+        yield stack
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(stack.close))
+        raise
+    await asyncio.to_thread(stack.close)
 
 
 # The optional capabilities, each present only when the saver has its own.
