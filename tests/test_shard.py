@@ -435,3 +435,40 @@ def test_a_shard_refuses_a_metrics_port_it_would_not_serve(tmp_path):
     proc = vfsd_cli("mount", "--shard", run, "--metrics-port", "9100", check=False)
     assert proc.returncode == 2 and "no metrics endpoint" in proc.stderr, proc.stderr
     assert not is_mounted(run / "fs")
+
+
+def test_a_volume_being_dropped_is_served_to_no_one(shard):
+    """Listing the shard's root while volumes are dropped: a listing between
+    letting a volume go and deleting its name served it again, over records
+    being deleted (it stayed in the listing, served, after the drop)."""
+    import threading
+
+    fs = shard / "fs"
+    stop = threading.Event()
+
+    def look():
+        while not stop.is_set():
+            try:
+                for name in os.listdir(fs):
+                    os.stat(fs / name)
+            except OSError:
+                pass
+
+    lookers = [threading.Thread(target=look) for _ in range(3)]
+    for t in lookers:
+        t.start()
+    try:
+        for i in range(30):
+            name = f"t{i}"
+            call(shard, "volume_create", volume=name)
+            (fs / name / "f").write_text(name)
+            assert call(shard, "volume_drop", volume=name)["dropped"]
+            assert name not in {v["volume"] for v in call(shard, "volumes")["volumes"]}
+    finally:
+        stop.set()
+        for t in lookers:
+            t.join()
+    wait_for(lambda: os.listdir(fs) == [], "every dropped volume gone from the mount")
+    # Dropping a name again, or creating it anew, works on a clean slate.
+    call(shard, "volume_create", volume="t0")
+    assert os.listdir(fs / "t0") == [] or sorted(os.listdir(fs / "t0")) == [".vfsd"]

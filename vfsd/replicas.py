@@ -389,15 +389,16 @@ class ThreadRuns:
         files) and make it again, empty, for `run`."""
         shard = self.shard
         volume = shard.loaded.get(name)
-        if volume is not None:
-            await shard._let_go(volume)
-        if name in shard.store.volumes():
-            await drive(drop_volume_in_steps(shard.store, name))
         st = shard.store
-        with st.txn(write=True) as txn:
-            vol = st.create_volume(txn, name, run=run)
-            txn.put(b"v" + vol.to_bytes(4, "big") + b":thread",
-                    thread.encode("utf-8", "surrogatepass"), db=st.db["meta"])
+        with shard.leaving_volume(name):
+            if volume is not None:
+                await shard._let_go(volume)
+            if name in st.volumes():
+                await drive(drop_volume_in_steps(st, name))
+            with st.txn(write=True) as txn:
+                vol = st.create_volume(txn, name, run=run)
+                txn.put(b"v" + vol.to_bytes(4, "big") + b":thread",
+                        thread.encode("utf-8", "surrogatepass"), db=st.db["meta"])
         volume = shard.open_volume(name)
         if volume is None:
             raise RequestError("internal", f"volume {name!r} could not be served again")
@@ -479,12 +480,13 @@ class ThreadRuns:
                     continue
                 volume = self.shard.loaded.get(name)
                 try:
-                    if volume is not None:
-                        await self.shard._let_go(volume)
+                    with self.shard.leaving_volume(name):
+                        if volume is not None:
+                            await self.shard._let_go(volume)
+                        await drive(drop_volume_in_steps(self.shard.store, name))
                 except RequestError:
                     out["busy"].append(name)
                     continue
-                await drive(drop_volume_in_steps(self.shard.store, name))
                 out["dropped"].append(name)
                 log.info("volume_pruned", volume=name,
                          why="deleted" if not rec.live else f"its thread runs {rec.run} now")
@@ -526,9 +528,10 @@ class ThreadRuns:
             dropped = False
             if view is not None:
                 volume = self.shard.loaded.get(name)
-                if volume is not None:
-                    await self.shard._let_go(volume)
-                await drive(drop_volume_in_steps(self.shard.store, name))
+                with self.shard.leaving_volume(name):
+                    if volume is not None:
+                        await self.shard._let_go(volume)
+                    await drive(drop_volume_in_steps(self.shard.store, name))
                 dropped = True
         log.info("thread_deleted", volume=name, run=old_run, generation=generation)
         return {"volume": name, "deleted": True, "run": old_run, "generation": generation,

@@ -19,6 +19,7 @@ ids with one hash never share files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -77,6 +78,10 @@ class ShardDaemon(DaemonBase):
         self.peers = ControlPeers()
         self.ops = ShardOperations(self, self.numbers)
         self.loaded: dict[str, Volume] = {}
+        #: volumes being dropped or made again: served to no one meanwhile (a
+        #: lookup between letting one go and deleting its name would serve it
+        #: again, over records about to be deleted)
+        self.leaving: set[str] = set()
         self._by_slot: dict[int, Volume] = {}
         self._by_vol: dict[int, Volume] = {}
         self._next_slot = 1
@@ -200,6 +205,8 @@ class ShardDaemon(DaemonBase):
         volume = self.loaded.get(text)
         if volume is not None:
             return volume
+        if text in self.leaving:
+            return None
         try:
             view = self.store.view(text)
         except NoSuchVolume:
@@ -414,12 +421,26 @@ class ShardDaemon(DaemonBase):
         volume = self.loaded.get(name)
         if volume is not None:
             self._refuse_if_running(volume)
-            await self._let_go(volume)
-        # In short transactions: a large thread's records would otherwise hold
-        # every other volume for as long as they take to delete.
-        await drive(drop_volume_in_steps(self.store, name))
+        with self.leaving_volume(name):
+            if volume is not None:
+                await self._let_go(volume)
+            # In short transactions: a large thread's records would otherwise hold
+            # every other volume for as long as they take to delete.
+            await drive(drop_volume_in_steps(self.store, name))
         log.info("volume_dropped", volume=name)
         return {"volume": name, "dropped": True}
+
+    @contextlib.contextmanager
+    def leaving_volume(self, name: str):
+        """`name` is served to no one for the block (see `leaving`); a second
+        drop or remake of it meanwhile is refused."""
+        if name in self.leaving:
+            raise RequestError("busy", f"volume {name!r} is being dropped or made again")
+        self.leaving.add(name)
+        try:
+            yield
+        finally:
+            self.leaving.discard(name)
 
     def _refuse_if_running(self, volume: Volume) -> None:
         tier = volume.remote
