@@ -43,7 +43,7 @@ from hypothesis.stateful import (
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 LONG = bool(os.environ.get("VFSD_LONG"))
-MAX_EXAMPLES = 600 if LONG else 120
+MAX_EXAMPLES = 600 if LONG else 80
 STEPS = 80 if LONG else 50
 CHUNK = 8192
 INLINE = 2048
