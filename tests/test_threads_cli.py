@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -114,6 +115,14 @@ def test_threads_and_status_of_a_root_mounted_and_not(tmp_path):
         assert graph["last_use_ns"] == max(graph["last_checkpoint_ns"],
                                            graph["last_snapshot_ns"])
         assert graph["snapshots"] >= 4 and graph["step"] > 0
+        assert graph["unbound_checkpoints"] == 0
+        # A checkpoint its checkpointer could not bind is counted per thread.
+        from ctl import connect
+        with connect(root / "shards" / graph["shard"]) as c:
+            c.call("note_unbound", volume=graph["name"], checkpoint="1ef-x")
+        assert json.loads(one(root, "graph", "--json").stdout)["unbound_checkpoints"] == 1
+        assert re.search(r"^unbound checkpoints +1 \(their checkpointer", one(root, "graph").stdout,
+                         re.M)
 
         status = cli_json("status", root)
         assert status["kind"] == "runs_root" and status["threads"] == len(HOSTILE) + 1

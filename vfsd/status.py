@@ -77,7 +77,8 @@ def volume_summary(view) -> dict:
             "files": c["files"], "bytes": c["logical_bytes"], "snapshots": count,
             "last_snapshot": newest["id"] if newest else None,
             "last_snapshot_ns": newest.get("created_ns") if newest else None,
-            "incomplete": bool(view.meta_u64(b"incomplete"))}
+            "incomplete": bool(view.meta_u64(b"incomplete")),
+            "unbound_checkpoints": c["unbound_checkpoints"]}
 
 
 def store_summary(store) -> dict:

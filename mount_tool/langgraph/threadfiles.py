@@ -467,8 +467,8 @@ class ThreadFiles:
         checkpoint_id = tup.checkpoint["id"]
         reason = f"its files were not bound to a snapshot when it was written: {version.unbound}"
         message = (f"checkpoint {checkpoint_id} cannot bring its files back: {reason}. "
-                   "(vfsd counts such checkpoints: `vfsd status` on a run dir; a Runs' shard "
-                   "logs each as `unbound_checkpoint`.)")
+                   "(vfsd counts such checkpoints: `vfsd status` on a run dir, "
+                   "`vfsd threads ROOT THREAD_ID` for a Runs' thread.)")
         if self.owner.on_missing == "raise":
             raise SnapshotUnavailable(
                 message + " Nothing was changed: the mount still shows its live files. Pass "

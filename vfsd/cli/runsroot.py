@@ -231,6 +231,7 @@ class ThreadView:
                 "snapshots": v.get("snapshots"), "last_snapshot": v.get("last_snapshot"),
                 "last_snapshot_ns": v.get("last_snapshot_ns"),
                 "last_checkpoint_ns": self.last_checkpoint_ns,
+                "unbound_checkpoints": v.get("unbound_checkpoints"),
                 "last_use_ns": last_use, "last_use_from": source,
                 "shard_running": bool(shard and shard.running),
                 "served": bool(shard and shard.running and v.get("served")),

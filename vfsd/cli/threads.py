@@ -94,6 +94,10 @@ def _one_text(doc: dict) -> str:
         ("step", _num(t["step"])),
         ("snapshots", snaps),
         ("last checkpoint", when(t["last_checkpoint_ns"])),
+        *([("unbound checkpoints", f"{t['unbound_checkpoints']:,} (their checkpointer could "
+                                   "not bind their files: a run from one raises "
+                                   "SnapshotUnavailable; see the shard's vfsd.log)")]
+          if t.get("unbound_checkpoints") else []),
         ("last use", use),
         ("served", served),
     ]
