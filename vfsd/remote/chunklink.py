@@ -1,7 +1,8 @@
 """Chunks between a store and the bucket: reads through the fetcher, the store's
 hooks for the uploader and the cache. Shared by a run dir's tier (`remotetier`)
-and a shard's (`shardtier`); the owner provides `store`, `fetcher`, `cache`,
-`uploader` and `readahead`."""
+and a shard's (`shardtier`), which make the bucket's client, the uploader,
+the fetcher and the cache through it; the owner provides `store` and
+`readahead`."""
 
 from __future__ import annotations
 
@@ -14,14 +15,46 @@ from vfsd import errors
 from vfsd.store import remotestate
 from vfsd.store.content import LOC_FILE, ref_digest, ref_loc, unpack_record
 
-from .fetcher import FetchError
-from .uploader import ChunkGone, PendingChunk
+from .chunkcache import ChunkCache
+from .fetcher import Fetcher, FetchError
+from .objstore import ObjectStore, RemoteError, RemoteSettings
+from .uploader import ChunkGone, PendingChunk, Uploader
 
 log = structlog.get_logger("vfsd.remote")
 
 
 class ChunkLink:
     """Mixin: the FUSE read hooks and the store hooks of a remote tier."""
+
+    def _open_bucket(self, url, config, error: type[Exception]) -> None:
+        """Keep `url` and `config` and make the bucket's client; `error` (the
+        owner's start-up error) for a configuration the client refuses."""
+        self.url, self.config = url, config
+        try:
+            self.objstore = ObjectStore(url, RemoteSettings.from_config(config))
+        except RemoteError as exc:
+            raise error(str(exc)) from None
+
+    def _make_chunk_pieces(self, store) -> None:
+        """The uploader, fetcher and cache of `store`'s chunks (blocking: before the mount)."""
+        cfg = self.config
+        self.uploader = Uploader(
+            self.objstore, self._read_for_upload, on_uploaded=self._on_uploaded,
+            load_pending=self._load_pending, workers=cfg.remote_workers,
+            max_queued=cfg.remote_upload_queue,
+            retry_base_delay=max(0.05, cfg.remote_retry_base_delay),
+            retry_max_delay=cfg.remote_retry_max_delay)
+        self.fetcher = Fetcher(self.objstore, store.chunks, install=self._install,
+                               workers=max(2, cfg.remote_workers // 2),
+                               timeout=cfg.remote_fetch_timeout)
+        self.cache = ChunkCache(store, cfg.remote_cache_bytes)
+
+    async def _start_chunk_pieces(self, nursery) -> None:
+        """Run the cache, the uploader and the fetcher in `nursery`."""
+        self.nursery = nursery
+        await nursery.start(self.cache.run)
+        await nursery.start(self.uploader.run)
+        await nursery.start(self.fetcher.run)
 
     async def load_chunk(self, digest: bytes) -> bytes:
         """A chunk's verified bytes (local, or fetched with a bounded wait)."""

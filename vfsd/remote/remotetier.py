@@ -45,7 +45,7 @@ from .head import Head, HeadError, UnknownRun, UnknownSnapshot, fence, read_head
 from .layout import BadResumeSpec, parse_resume_spec
 from .lease import Lease, LeaseHeld, Owner
 from .manifest import ManifestError
-from .objstore import ObjectStore, RemoteError, RemoteSettings, RemoteUnavailable, RemoteURL
+from .objstore import RemoteError, RemoteUnavailable, RemoteURL
 from .publisher import Publisher
 from .resume import (
     ResumeError,
@@ -74,12 +74,7 @@ class RemoteTier(ChunkLink):
     """Everything remote for one daemon; see the module docstring."""
 
     def __init__(self, url: RemoteURL, config) -> None:
-        self.url = url
-        self.config = config
-        try:
-            self.objstore = ObjectStore(url, RemoteSettings.from_config(config))
-        except RemoteError as exc:
-            raise RemoteStartupError(str(exc)) from None
+        self._open_bucket(url, config, RemoteStartupError)
         self.state = "acquiring"
         self.reason = "the run's lease is not taken yet"
         self.lease: Lease | None = None
@@ -301,16 +296,7 @@ class RemoteTier(ChunkLink):
         if self.owner is None or self.owner.token.encode() != token:
             me = Owner.me()
             self.owner = Owner(me.host, me.pid, token.decode())
-        self.uploader = Uploader(
-            self.objstore, self._read_for_upload, on_uploaded=self._on_uploaded,
-            load_pending=self._load_pending, workers=self.config.remote_workers,
-            max_queued=self.config.remote_upload_queue,
-            retry_base_delay=max(0.05, self.config.remote_retry_base_delay),
-            retry_max_delay=self.config.remote_retry_max_delay)
-        self.fetcher = Fetcher(self.objstore, store.chunks, install=self._install,
-                               workers=max(2, self.config.remote_workers // 2),
-                               timeout=self.config.remote_fetch_timeout)
-        self.cache = ChunkCache(store, self.config.remote_cache_bytes)
+        self._make_chunk_pieces(store)
         self.publisher = Publisher(self)
         self.publisher.load()
         if self.lease is None and self.state != "lost":
@@ -431,10 +417,7 @@ class RemoteTier(ChunkLink):
 
     async def start(self, nursery: trio.Nursery) -> None:
         """Start every background task of the tier in the daemon's nursery."""
-        self.nursery = nursery
-        await nursery.start(self.cache.run)
-        await nursery.start(self.uploader.run)
-        await nursery.start(self.fetcher.run)
+        await self._start_chunk_pieces(nursery)
         self.store.on_chunk_files = self._on_chunk_files
         await nursery.start(self.publisher.run)
         nursery.start_soon(self._keep_lease)

@@ -47,7 +47,7 @@ from .chunklink import ChunkLink
 from .fetcher import Fetcher, ReadaheadWindow
 from .head import Head, HeadError, fence, read_head
 from .lease import Lease, LeaseHeld, Owner
-from .objstore import ObjectStore, RemoteError, RemoteSettings, RemoteUnavailable, RemoteURL
+from .objstore import RemoteError, RemoteUnavailable, RemoteURL
 from .publisher import NotPublishable, Publisher
 from .uploader import Uploader
 
@@ -78,12 +78,7 @@ class ShardTier(ChunkLink):
     """The chunk pieces one shard shares; see the module docstring."""
 
     def __init__(self, url: RemoteURL, config) -> None:
-        self.url = url
-        self.config = config
-        try:
-            self.objstore = ObjectStore(url, RemoteSettings.from_config(config))
-        except RemoteError as exc:
-            raise ShardTierError(str(exc)) from None
+        self._open_bucket(url, config, ShardTierError)
         self.store = None
         self.owner: Owner | None = None
         self.uploader: Uploader | None = None
@@ -126,25 +121,12 @@ class ShardTier(ChunkLink):
                 remotestate.set_volume_meta(txn, store, OWNER_KEY, token)
         me = Owner.me()
         self.owner = Owner(me.host, me.pid, token.decode())
-        cfg = self.config
-        self.uploader = Uploader(
-            self.objstore, self._read_for_upload, on_uploaded=self._on_uploaded,
-            load_pending=self._load_pending, workers=cfg.remote_workers,
-            max_queued=cfg.remote_upload_queue,
-            retry_base_delay=max(0.05, cfg.remote_retry_base_delay),
-            retry_max_delay=cfg.remote_retry_max_delay)
-        self.fetcher = Fetcher(self.objstore, store.chunks, install=self._install,
-                               workers=max(2, cfg.remote_workers // 2),
-                               timeout=cfg.remote_fetch_timeout)
-        self.cache = ChunkCache(store, cfg.remote_cache_bytes)
+        self._make_chunk_pieces(store)
         # Before any volume's view is made: views copy the hook.
         store.on_chunk_files = self._on_chunk_files
 
     async def start(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        await nursery.start(self.cache.run)
-        await nursery.start(self.uploader.run)
-        await nursery.start(self.fetcher.run)
+        await self._start_chunk_pieces(nursery)
 
     def volume_tier(self, volume) -> VolumeTier:
         return VolumeTier(self, volume)
