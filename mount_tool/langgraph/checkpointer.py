@@ -646,8 +646,8 @@ class VfsdCheckpointer(BaseCheckpointSaver):
                                   new_versions)
         if plan.needs_parent:
             plan.parent = self._version_of(config)
-        with self._thread_files(plan.thread) as tf, self._outside_run(tf, plan):
-            version, meta = self._prepare_put(tf, plan, checkpoint, metadata)
+        with contextlib.ExitStack() as stack:
+            tf, version, meta = self._open_put(stack, plan, checkpoint, metadata)
             stored = self.saver.put(config, checkpoint, meta, new_versions)
             tf.after_put(plan, checkpoint["id"], version)
         return stored
@@ -669,13 +669,20 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             plan.parent = self._known(plan.thread, plan.parent_id) or \
                 await self._aversion_of(config)
         async with _let_go_in_worker() as stack:
-            tf = await asyncio.to_thread(stack.enter_context, self._thread_files(plan.thread))
-            await asyncio.to_thread(stack.enter_context, self._outside_run(tf, plan))
-            version, meta = await asyncio.to_thread(
-                self._prepare_put, tf, plan, checkpoint, metadata)
+            # One worker hop for the holds and the files version (it was three).
+            tf, version, meta = await _enter_in_worker(
+                self._open_put, stack, plan, checkpoint, metadata)
             stored = await self.saver.aput(config, checkpoint, meta, new_versions)
             await asyncio.to_thread(tf.after_put, plan, checkpoint["id"], version)
         return stored
+
+    def _open_put(self, stack: contextlib.ExitStack, plan: PutPlan, checkpoint: Checkpoint,
+                  metadata: CheckpointMetadata) -> tuple[ThreadFiles, FilesVersion, Any]:
+        """Hold the thread's files (and its run, outside one) on `stack`; the
+        files version of the checkpoint and its metadata (`_prepare_put`)."""
+        tf = stack.enter_context(self._thread_files(plan.thread))
+        stack.enter_context(self._outside_run(tf, plan))
+        return (tf, *self._prepare_put(tf, plan, checkpoint, metadata))
 
     def _has_no_files(self, plan: PutPlan) -> bool:
         """A checkpoint written outside a run for a thread that has no run dir
@@ -763,7 +770,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         checkpoint_id = (config.get("configurable") or {}).get("checkpoint_id")
         thread = thread_of(config)
         async with _let_go_in_worker() as stack:
-            tf = await asyncio.to_thread(stack.enter_context, self._thread_files(thread))
+            tf = await _enter_in_worker(stack.enter_context, self._thread_files(thread))
             if not await asyncio.to_thread(tf.pin_when_known, checkpoint_id):
                 version = await self._aversion_of(config)
                 await asyncio.to_thread(tf.pin_interrupt, checkpoint_id, version)
@@ -817,7 +824,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
         copied = await asyncio.to_thread(self._copy_files, source, target, bool(tuples))
         async with _let_go_in_worker() as stack:
             if copied is not None:
-                await asyncio.to_thread(stack.enter_context, self._holding(target, "copy"))
+                await _enter_in_worker(stack.enter_context, self._holding(target, "copy"))
             for tup in tuples:
                 stored = await self.saver.aput(*_copy_args(tup, target_thread_id, copied))
                 for task_id, writes in _writes_by_task(tup):
@@ -865,7 +872,7 @@ class VfsdCheckpointer(BaseCheckpointSaver):
                     not await asyncio.to_thread(self.runs.exists, thread):
                 continue
             async with _let_go_in_worker() as stack:
-                await asyncio.to_thread(stack.enter_context, self._holding(thread, "prune"))
+                await _enter_in_worker(stack.enter_context, self._holding(thread, "prune"))
                 named = set()
                 async for t in self.saver.alist(
                         {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}):
@@ -915,6 +922,19 @@ class VfsdCheckpointer(BaseCheckpointSaver):
             return known
         tup = await self.saver.aget_tuple(_plain(config))
         return FilesVersion.of(tup.metadata, strict=True) if tup else None
+
+
+async def _enter_in_worker(func, *args):
+    """`func(*args)` in a worker thread, for one that puts holds on a
+    `_let_go_in_worker` stack. Cancelled, it still waits for the worker to
+    finish before the cancellation goes on: the stack is then closed after
+    the holds are on it, never while the worker is still taking them."""
+    work = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
 
 
 @contextlib.asynccontextmanager
