@@ -91,7 +91,10 @@ def test_hostile_thread_ids_get_runs_of_their_own(runs):
         with pytest.raises(mount_tool.MountToolError, match="refusing to mix"):
             runs.get("victim")
     for text, why in ((json.dumps({"version": 2, "thread_id": "victim", "shard": "../x"}),
-                       "names no shard"), ("{not json", "unreadable")):
+                       "names no shard"), ("{not json", "unreadable"),
+                      ("[1]", "no JSON object"),
+                      (json.dumps({"version": 2, "thread_id": "victim", "shard": "0",
+                                   "pad": "x" * (1 << 20)}), "over 1,048,576 bytes")):
         (victim / THREAD_RECORD).write_text(text)
         with pytest.raises(mount_tool.MountToolError, match=why):
             runs.get("victim")

@@ -20,13 +20,13 @@ on the legacy shard too; new threads go to the ordinary shards.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..daemon.mountinfo import is_mounted
 from ..errors import ControlError, MountToolError
+from .jsonfile import read_json_record
 
 if TYPE_CHECKING:
     from . import Runs
@@ -41,14 +41,11 @@ STORE_RECORD = "store.json"
 def legacy_volume(run_dir: Path) -> str | None:
     """The volume an earlier run dir's daemon served (None: it never mounted)."""
     path = run_dir / ".vfsd" / STORE_RECORD
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
+    doc = read_json_record(path, "the volume that holds this thread's files in the earlier "
+                                 "layout")
+    if doc is None:
         return None
-    except (OSError, ValueError) as exc:
-        raise MountToolError(f"{path} is unreadable ({exc}): it names the volume that holds "
-                             "this thread's files in the earlier layout; fix it") from exc
-    volume = doc.get("volume") if isinstance(doc, dict) else None
+    volume = doc.get("volume")
     if not isinstance(volume, str) or not volume:
         raise MountToolError(f"{path} names no volume")
     return volume

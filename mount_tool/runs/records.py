@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import MountToolError
 from . import legacy
+from .jsonfile import read_json_record
 from .shards import Shard
 
 logger = logging.getLogger(__name__)
@@ -52,14 +53,10 @@ class ThreadRecord:
 def read_record(run_dir: Path) -> ThreadRecord | None:
     """What a thread's record says, None when it has none yet."""
     path = run_dir / THREAD_RECORD
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
+    doc = read_json_record(path, "the thread whose files are there (or remove it)")
+    if doc is None:
         return None
-    except (OSError, ValueError) as exc:
-        raise MountToolError(f"{path} is unreadable ({exc}): it names the thread whose "
-                             "files are there; fix or remove it") from exc
-    thread = doc.get("thread_id") if isinstance(doc, dict) else None
+    thread = doc.get("thread_id")
     if not isinstance(thread, str):
         raise MountToolError(f"{path} names no thread")
     if doc.get("version", 1) == 1:
