@@ -22,8 +22,9 @@ saver's lock, so no `put` of this process interleaves with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from langgraph.checkpoint.serde.types import TASKS
@@ -56,58 +57,40 @@ class PrunableSqliteSaver(AsyncSqliteSaver):
         (NotImplementedError, nothing pruned): their latest values are
         rebuilt from older checkpoints.
         """
-        if isinstance(thread_ids, str):
-            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+        ids = _distinct(thread_ids, "thread_ids", "thread IDs")
         if strategy not in PRUNE_STRATEGIES:
             raise ValueError(f"Unknown prune strategy: {strategy!r}")
-        ids = list(dict.fromkeys(str(t) for t in thread_ids))
         if not ids:
             return
-        await self.setup()
-        async with self.lock:
-            await self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                if strategy == "delete":
-                    for part in _batches(ids):
-                        marks = _marks(part)
-                        await self.conn.execute(
-                            f"DELETE FROM checkpoints WHERE thread_id IN ({marks})", part)
-                        await self.conn.execute(
-                            f"DELETE FROM writes WHERE thread_id IN ({marks})", part)
-                else:
-                    await self._refuse_delta_threads(ids)
-                    for thread_id in ids:
-                        await self._keep_latest(thread_id)
-            except BaseException:
-                await self.conn.rollback()
-                raise
-            await self.conn.commit()
+        async with self._transaction():
+            if strategy == "delete":
+                for part in _batches(ids):
+                    marks = _marks(part)
+                    await self.conn.execute(
+                        f"DELETE FROM checkpoints WHERE thread_id IN ({marks})", part)
+                    await self.conn.execute(
+                        f"DELETE FROM writes WHERE thread_id IN ({marks})", part)
+            else:
+                await self._refuse_delta_threads(ids)
+                for thread_id in ids:
+                    await self._keep_latest(thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint whose metadata names one of `run_ids` (in
         every thread and namespace), with its writes; a checkpoint left whose
         parent went is left with no parent."""
-        if isinstance(run_ids, str):
-            raise TypeError("run_ids must be a sequence of run IDs, not a str")
-        ids = list(dict.fromkeys(str(r) for r in run_ids))
+        ids = _distinct(run_ids, "run_ids", "run IDs")
         if not ids:
             return
-        await self.setup()
-        async with self.lock:
-            await self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                gone: list[tuple[str, str, str]] = []
-                for part in _batches(ids):
-                    async with self.conn.execute(
-                        "SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints "
-                        "WHERE json_extract(CAST(metadata AS TEXT), '$.run_id') "
-                        f"IN ({_marks(part)})", part) as cur:
-                        gone += [tuple(row) for row in await cur.fetchall()]
-                await self._delete_checkpoints(gone)
-            except BaseException:
-                await self.conn.rollback()
-                raise
-            await self.conn.commit()
+        async with self._transaction():
+            gone: list[tuple[str, str, str]] = []
+            for part in _batches(ids):
+                async with self.conn.execute(
+                    "SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints "
+                    "WHERE json_extract(CAST(metadata AS TEXT), '$.run_id') "
+                    f"IN ({_marks(part)})", part) as cur:
+                    gone += [tuple(row) for row in await cur.fetchall()]
+            await self._delete_checkpoints(gone)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """`aprune` from another thread than the saver's event loop."""
@@ -121,6 +104,19 @@ class PrunableSqliteSaver(AsyncSqliteSaver):
         asyncio.run_coroutine_threadsafe(self.adelete_for_runs(run_ids), self.loop).result()
 
     # -- the pieces --------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[None]:
+        """The saver's lock and one IMMEDIATE transaction, rolled back on any error."""
+        await self.setup()
+        async with self.lock:
+            await self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                await self.conn.rollback()
+                raise
+            await self.conn.commit()
 
     def _refuse_on_loop(self, method: str) -> None:
         # As AsyncSqliteSaver's own sync methods: from the loop, waiting would deadlock.
@@ -226,3 +222,11 @@ def _batches(ids: list[str]) -> list[list[str]]:
 
 def _marks(part: list[str]) -> str:
     return ", ".join("?" * len(part))
+
+
+def _distinct(values: Sequence[str], name: str, what: str) -> list[str]:
+    """`values` as strings, each once, in order; a str is refused (it would be
+    taken character by character)."""
+    if isinstance(values, str):
+        raise TypeError(f"{name} must be a sequence of {what}, not a str")
+    return list(dict.fromkeys(str(v) for v in values))

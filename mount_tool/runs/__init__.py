@@ -446,13 +446,7 @@ class Runs:
             return self._delete_everywhere(thread_id, name, run_dir)
         if not os.path.lexists(run_dir):
             return False
-        record = read_record(run_dir)
-        if record is None:
-            raise MountToolError(f"{run_dir} holds no {THREAD_RECORD}: it is not a thread a "
-                                 "Runs made (or its record was lost); not deleting it")
-        if record.thread_id != thread_id:
-            raise MountToolError(f"{run_dir} records thread {record.thread_id!r:.200}, not "
-                                 f"{thread_id!r:.200}: not deleting it")
+        record = _record_to_delete(run_dir, thread_id)
         if record.shard is None:
             record = ThreadRecord(thread_id, legacy.adopt(self, run_dir, name, thread_id))
             write_record(run_dir, record)
@@ -558,13 +552,7 @@ class Runs:
         thread's next run there. True when the thread had files anywhere."""
         record = None
         if os.path.lexists(run_dir):
-            record = read_record(run_dir)
-            if record is None:
-                raise MountToolError(f"{run_dir} holds no {THREAD_RECORD}: it is not a thread "
-                                     "a Runs made (or its record was lost); not deleting it")
-            if record.thread_id != thread_id:
-                raise MountToolError(f"{run_dir} records thread {record.thread_id!r:.200}, "
-                                     f"not {thread_id!r:.200}: not deleting it")
+            record = _record_to_delete(run_dir, thread_id)
         shard = self.shard(record.shard if record is not None and record.shard is not None
                            else self.shard_for(name))
         try:
@@ -697,6 +685,19 @@ def _lease_wait(options: Mapping[str, Any]) -> float:
     if wait is not None:
         return float(wait)
     return float(options.get("remote_lease_ttl") or DEFAULT_LEASE_TTL) + 5.0
+
+
+def _record_to_delete(run_dir: Path, thread_id: str) -> ThreadRecord:
+    """The record of the thread about to be deleted; a MountToolError when
+    `run_dir` is not that thread's (a delete never takes what it cannot name)."""
+    record = read_record(run_dir)
+    if record is None:
+        raise MountToolError(f"{run_dir} holds no {THREAD_RECORD}: it is not a thread a Runs "
+                             "made (or its record was lost); not deleting it")
+    if record.thread_id != thread_id:
+        raise MountToolError(f"{run_dir} records thread {record.thread_id!r:.200}, not "
+                             f"{thread_id!r:.200}: not deleting it")
+    return record
 
 
 def _mixed(run_dir: Path, recorded: str, asked: str) -> MountToolError:
