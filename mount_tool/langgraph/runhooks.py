@@ -124,18 +124,23 @@ def _finish(entry: _Open, run_id: UUID, error: BaseException | None) -> None:
                      run_id, error, exc)
 
 
-class RunStartHook(BaseCallbackHandler):
-    """See the module docstring: marks a graph run's start for the
-    checkpointer, and ends sync runs."""
+class _ChainsOnly:
+    """A handler that hears graph (chain) runs and nothing else."""
 
-    run_inline = True  # in the caller's context: what it sets, the get_tuple sees
-    raise_error = True  # a run whose files could not be handed over fails
     ignore_llm = True
     ignore_chat_model = True
     ignore_retriever = True
     ignore_agent = True
     ignore_retry = True
     ignore_custom_event = True
+
+
+class RunStartHook(_ChainsOnly, BaseCallbackHandler):
+    """See the module docstring: marks a graph run's start for the
+    checkpointer, and ends sync runs."""
+
+    run_inline = True  # in the caller's context: what it sets, the get_tuple sees
+    raise_error = True  # a run whose files could not be handed over fails
 
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID,
                        **kwargs: Any) -> None:
@@ -161,17 +166,11 @@ class RunStartHook(BaseCallbackHandler):
         return self  # no state: a copied config ends the same runs
 
 
-class AsyncRunEndHook(AsyncCallbackHandler):
+class AsyncRunEndHook(_ChainsOnly, AsyncCallbackHandler):
     """See the module docstring: ends async runs, in a worker thread."""
 
     run_inline = True  # awaited in order; the work itself is in a worker thread
     raise_error = True
-    ignore_llm = True
-    ignore_chat_model = True
-    ignore_retriever = True
-    ignore_agent = True
-    ignore_retry = True
-    ignore_custom_event = True
 
     @property
     def ignore_chain(self) -> bool:  # type: ignore[override]

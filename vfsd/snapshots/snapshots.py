@@ -445,13 +445,7 @@ class Snapshots:
             for okey in okeys:
                 written += self._record(txn, okey, seq, refs)
             self._clear_dirty(txn)
-            record = {"seq": seq, "id": snapshot_id(seq), "step": st._step(txn),
-                      "created_ns": time.time_ns(), "pinned": bool(pinned), "label": label,
-                      "parent": self._meta(txn, b"snap_base"), "entries": written,
-                      "run": self._run(txn)}
-            txn.put(self._vb + _U64.pack(seq), json.dumps(record).encode(), db=self.db["snap"])
-            self._set_meta(txn, b"snap_seq", seq)
-            self._set_meta(txn, b"snap_base", seq)
+            record = self._write_record(txn, seq, pinned, label, written)
             freed = st.apply_refs(txn, refs)
             st.set_base(txn)
         st.forget_marks()
@@ -524,17 +518,23 @@ class Snapshots:
             yield i, len(okeys)
         return written
 
+    def _write_record(self, txn, seq: int, pinned: bool, label: str, written: int) -> dict:
+        """Snapshot `seq`'s record, written in `txn`, and the volume's newest
+        snapshot and base set to it."""
+        record = {"seq": seq, "id": snapshot_id(seq), "step": self.store._step(txn),
+                  "created_ns": time.time_ns(), "pinned": bool(pinned), "label": label,
+                  "parent": self._meta(txn, b"snap_base"), "entries": written,
+                  "run": self._run(txn)}
+        txn.put(self._vb + _U64.pack(seq), json.dumps(record).encode(), db=self.db["snap"])
+        self._set_meta(txn, b"snap_seq", seq)
+        self._set_meta(txn, b"snap_base", seq)
+        return record
+
     def _publish(self, seq: int, pinned: bool, label: str, written: int) -> dict:
         """The last step of a snapshot made in steps: its record, visible."""
         st = self.store
         with st.txn(write=True) as txn:
-            record = {"seq": seq, "id": snapshot_id(seq), "step": st._step(txn),
-                      "created_ns": time.time_ns(), "pinned": bool(pinned), "label": label,
-                      "parent": self._meta(txn, b"snap_base"), "entries": written,
-                      "run": self._run(txn)}
-            txn.put(self._vb + _U64.pack(seq), json.dumps(record).encode(), db=self.db["snap"])
-            self._set_meta(txn, b"snap_seq", seq)
-            self._set_meta(txn, b"snap_base", seq)
+            record = self._write_record(txn, seq, pinned, label, written)
             txn.delete(self.store._vp + b"snap_pending", db=self.db["meta"])
             st.set_base(txn)
         st.forget_marks()

@@ -507,17 +507,7 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
             for table in self._PER_VOLUME:
                 if self.db[table] is None:
                     continue
-                cur = txn.cursor(db=self.db[table])
-                if not cur.set_range(vb):
-                    continue
-                while cur.key()[:4] == vb:
-                    if table == "block":
-                        refs[bytes(cur.value())] -= 1
-                    elif table == "sver":
-                        for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
-                            refs[ref] -= 1
-                    if not cur.delete() or not cur.key():
-                        break
+                self._delete_rows(txn, table, vb, refs, entry_refs)
             cur = txn.cursor(db=self.db["meta"])
             prefix = view._vp
             if cur.set_range(prefix):
@@ -574,21 +564,8 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
             while True:
                 deadline = time.perf_counter() + self.DROP_STEP_S
                 refs: Counter = Counter()
-                more = False
                 with self.txn(write=True) as txn:
-                    cur = txn.cursor(db=self.db[table])
-                    if cur.set_range(vb):
-                        while cur.key()[:4] == vb:
-                            if table == "block":
-                                refs[bytes(cur.value())] -= 1
-                            elif table == "sver":
-                                for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
-                                    refs[ref] -= 1
-                            if not cur.delete() or not cur.key():
-                                break
-                            if time.perf_counter() > deadline:
-                                more = cur.key()[:4] == vb
-                                break
+                    more = self._delete_rows(txn, table, vb, refs, entry_refs, deadline)
                     freed = self.content.apply(txn, refs)
                 self._delete_unreferenced(freed)
                 yield table
@@ -603,6 +580,26 @@ class Store(NamespaceMixin, XattrMixin, CallsMixin, StepLogMixin):
                         break
             txn.delete(b"dropping:" + vb, db=self.db["meta"])
         shutil.rmtree(self.hot.root / str(vol), ignore_errors=True)
+
+    def _delete_rows(self, txn, table: str, vb: bytes, refs: Counter, entry_refs,
+                     deadline: float | None = None) -> bool:
+        """Delete volume `vb`'s rows of `table`, counting in `refs` the content
+        they held (blocks, snapshot entries); past `deadline` (perf_counter),
+        stop. True when rows are left."""
+        cur = txn.cursor(db=self.db[table])
+        if not cur.set_range(vb):
+            return False
+        while cur.key()[:4] == vb:
+            if table == "block":
+                refs[bytes(cur.value())] -= 1
+            elif table == "sver":
+                for ref in entry_refs(bytes(cur.key()[4:-8]), bytes(cur.value())):
+                    refs[ref] -= 1
+            if not cur.delete() or not cur.key():
+                return False
+            if deadline is not None and time.perf_counter() > deadline:
+                return cur.key()[:4] == vb
+        return False
 
     def view(self, name: str) -> Store:
         """A handle on another volume of this store (same environment).
