@@ -26,35 +26,57 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def langgraph_dev(app: Path, runs_root: Path, log: Path, *, env: dict[str, str] | None = None,
-                  jobs: int | None = None) -> Iterator[str]:
-    """The URL of a `langgraph dev` serving `app/langgraph.json`, its threads'
-    files under `runs_root` (VFSD_RUNS)."""
+def serving(config: Path, runs_root: Path, log: Path, *, cwd: Path | None = None,
+            env: dict[str, str] | None = None,
+            extra: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """(URL, process) of a `langgraph dev` serving `config` (a langgraph.json),
+    run from `cwd` (default: the config's folder, where the server keeps its
+    `.langgraph_api/`), its threads' files under `runs_root` (VFSD_RUNS).
+    Stopped with SIGTERM on the way out (killed if it does not go within 60 s),
+    and whatever it left mounted under `runs_root` lazily unmounted."""
     port = free_port()
     environ = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false",
                "VFSD_RUNS": str(runs_root), **(env or {})}
     langgraph = Path(sys.executable).parent / "langgraph"
     args = [str(langgraph), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
-            "--port", str(port), "--config", str(app / "langgraph.json")]
-    if jobs is not None:
-        args += ["--n-jobs-per-worker", str(jobs)]
+            "--port", str(port), "--config", str(config), *extra]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=app, env=environ, stdout=out,
+        proc = subprocess.Popen(args, cwd=cwd or config.parent, env=environ, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log)
-        yield url
+        yield url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         # The server unmounts its shards on the way out; a killed one would not.
         for fs in runs_root.glob("shards/*/fs"):
             subprocess.run(["fusermount3", "-u", "-z", str(fs)], capture_output=True)
+
+
+@contextlib.contextmanager
+def langgraph_dev(app: Path, runs_root: Path, log: Path, *, env: dict[str, str] | None = None,
+                  jobs: int | None = None) -> Iterator[str]:
+    """The URL of a `langgraph dev` serving `app/langgraph.json` from `app`."""
+    extra = ("--n-jobs-per-worker", str(jobs)) if jobs is not None else ()
+    with serving(app / "langgraph.json", runs_root, log, env=env, extra=extra) as (url, _proc):
+        yield url
+
+
+def stop_server(proc: subprocess.Popen, within: float = 60.0) -> float | None:
+    """SIGTERM, as a supervisor stops a server: seconds until it exited (None:
+    it did not within `within`, and was killed)."""
+    if proc.poll() is not None:
+        return 0.0
+    t0 = time.monotonic()
+    proc.terminate()
+    try:
+        proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+    return time.monotonic() - t0
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:

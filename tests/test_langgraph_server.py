@@ -18,10 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,13 +25,13 @@ import pytest
 pytest.importorskip("langgraph_sdk")
 
 from conftest import daemons_under, mounts_under, tree  # noqa: E402
+from lgserver import blocking_lines, serving, stop_server  # noqa: E402
 
 from mount_tool.runs import thread_dir_name  # noqa: E402
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "langgraph-server"
-BLOCKING = ("BlockingError", "synchronous blocking call")
 LONG = bool(os.environ.get("VFSD_LONG"))
 #: threads run at once by test_many_threads_at_once_then_sigterm
 AT_ONCE = 200 if LONG else 60
@@ -43,54 +39,14 @@ AT_ONCE = 200 if LONG else 60
 SIGTERM_WITHIN = 30.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def langgraph_dev(work: Path, *extra: str, **env_extra: str):
     """A `langgraph dev` serving the example, run from `work` (where the server
-    keeps its `.langgraph_api/`): yields (url, runs root, log path, process);
-    stopped with SIGTERM on the way out (killed, and its shards lazily
-    unmounted, if it does not go)."""
-    root = work / "runs"
-    port = free_port()
-    log = work / "server.log"
-    env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false",
-           "VFSD_RUNS": str(root), **env_extra}
-    langgraph = Path(sys.executable).parent / "langgraph"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(langgraph), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1",
-             "--port", str(port), "--config", str(EXAMPLE / "langgraph.json"), *extra],
-            cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, log)
+    keeps its `.langgraph_api/`): yields (url, runs root, log path, process)."""
+    root, log = work / "runs", work / "server.log"
+    with serving(EXAMPLE / "langgraph.json", root, log, cwd=work, env=env_extra,
+                 extra=extra) as (url, proc):
         yield url, root, log, proc
-    finally:
-        stop_server(proc)
-        # The server unmounts its shards on the way out; a killed one would not.
-        for fs in mounts_under(root):
-            subprocess.run(["fusermount3", "-u", "-z", fs], capture_output=True)
-
-
-def stop_server(proc: subprocess.Popen, within: float = 60.0) -> float | None:
-    """SIGTERM, as a supervisor stops a server: seconds until it exited (None:
-    it did not within `within`, and was killed)."""
-    if proc.poll() is not None:
-        return 0.0
-    t0 = time.monotonic()
-    proc.terminate()
-    try:
-        proc.wait(timeout=within)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return None
-    return time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
@@ -98,23 +54,6 @@ def server(tmp_path_factory):
     """(url, runs root, log path) of a `langgraph dev` serving the example."""
     with langgraph_dev(tmp_path_factory.mktemp("server")) as (url, root, log, _proc):
         yield url, root, log
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"langgraph dev exited {proc.returncode}:\n"
-                                 f"{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url + "/ok", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"langgraph dev did not answer on {url}:\n{log.read_text()[-4000:]}")
 
 
 def files_of(root: Path, thread_id: str) -> dict:
@@ -200,9 +139,7 @@ def test_threads_through_the_server(server):
             assert files_of(root, other) == job_files(n)
 
     asyncio.run(scenario())
-    text = log.read_text(errors="replace")
-    assert not any(b in text for b in BLOCKING), [ln for ln in text.splitlines()
-                                                   if any(b in ln for b in BLOCKING)][:5]
+    assert not blocking_lines(log), blocking_lines(log)[:5]
 
 
 def test_many_threads_at_once_then_sigterm(tmp_path):
@@ -239,6 +176,4 @@ def test_many_threads_at_once_then_sigterm(tmp_path):
         # What the server left, once it is gone: nothing.
         assert mounts_under(root) == [] and daemons_under(root) == [], \
             (mounts_under(root), daemons_under(root), log.read_text(errors="replace")[-3000:])
-    text = log.read_text(errors="replace")
-    assert not any(b in text for b in BLOCKING), [ln for ln in text.splitlines()
-                                                   if any(b in ln for b in BLOCKING)][:5]
+    assert not blocking_lines(log), blocking_lines(log)[:5]
