@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from volume_trees import live_tree, snap_tree
 
 from vfsd import errors
 from vfsd.fsck import fsck
@@ -29,57 +30,6 @@ INLINE = 16
 LONG = bool(os.environ.get("VFSD_LONG"))
 NAMES = st.sampled_from([b"a", b"b", b"c", b"dd"])
 DATA = st.binary(max_size=3 * CS + 5) | st.sampled_from([b"", b"\0" * CS * 2, b"x" * CS])
-
-
-def live_tree(store: Store, files: OpenFiles) -> dict:
-    """path -> (kind, payload, ino) of the live volume."""
-    out = {}
-
-    def walk(ino: int, prefix: bytes) -> None:
-        for _, name, inode in store.readdir(ino, 0, limit=10_000):
-            path = prefix + name
-            if inode.is_dir:
-                out[path] = ("dir", None, inode.ino)
-                walk(inode.ino, path + b"/")
-            elif inode.is_link:
-                out[path] = ("link", store.readlink(inode.ino), inode.ino)
-            else:
-                of = files.acquire(inode.ino)
-                try:
-                    data = files.read(of, 0, of.inode.size)
-                finally:
-                    files.release(of)
-                out[path] = ("file", data, inode.ino)
-
-    walk(ROOT_INO, b"")
-    return out
-
-
-def snap_tree(store: Store, snaps: Snapshots, seq: int) -> dict:
-    """path -> (kind, payload, ino) of snapshot `seq`, through the snapshot API."""
-    out = {}
-
-    def walk(ino: int, prefix: bytes) -> None:
-        for name, child in snaps.readdir(seq, ino):
-            e = snaps.inode_at(seq, child)
-            assert e is not None, f"entry {name!r} names inode {child} absent at s{seq}"
-            path = prefix + name
-            if e.inode.is_dir:
-                out[path] = ("dir", None, child)
-                walk(child, path + b"/")
-            elif e.inode.is_link:
-                out[path] = ("link", e.target, child)
-            else:
-                parts = []
-                for idx in range(-(-e.inode.size // CS)):
-                    n = min(CS, e.inode.size - idx * CS)
-                    ref = e.blocks.get(idx)
-                    piece = store.read_block(ref, 0, n) if ref else b""
-                    parts.append(piece.ljust(n, b"\0"))
-                out[path] = ("file", b"".join(parts), child)
-
-    walk(ROOT_INO, b"")
-    return out
 
 
 class SnapshotMachine(RuleBasedStateMachine):
