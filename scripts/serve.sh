@@ -44,6 +44,8 @@ mkdir -p "$STATE"
 cd "$STATE"
 
 export LANGGRAPH_CLI_NO_ANALYTICS="${LANGGRAPH_CLI_NO_ANALYTICS:-1}"
+# Nothing leaves the machine unless asked for: no LangSmith traces by default.
+export LANGSMITH_TRACING="${LANGSMITH_TRACING:-false}"
 echo "serve: http://127.0.0.1:$PORT ($JOBS runs at once); threads' files in $VFSD_RUNS; Ctrl-C stops it" >&2
 exec "$CHECKOUT/.venv/bin/langgraph" dev --no-browser --no-reload --host 127.0.0.1 \
     --port "$PORT" --n-jobs-per-worker "$JOBS" \
