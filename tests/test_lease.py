@@ -92,6 +92,38 @@ def test_acquire_renew_release_and_the_next_owner(store):
     assert body["owner"]["token"] == b.owner.token and body["generation"] == 2
 
 
+def test_a_release_during_a_renewal_in_flight_still_releases(store):
+    # A run's end abandons its background renewal (a worker thread) and
+    # releases. When the renewal's write landed but its answer had not yet come
+    # back, the release once wrote with the ETag that write replaced: refused,
+    # the lease stayed renewed, and the next replica waited out a TTL.
+    a = Lease(store, "ending", ttl=30)
+    a.acquire()
+    landed, go_on = threading.Event(), threading.Event()
+    real_put = store.put
+
+    def put_then_pause(key, body, **kw):
+        etag = real_put(key, body, **kw)
+        if threading.current_thread().name == "renewal":
+            landed.set()
+            go_on.wait(10)  # the answer is still on its way
+        return etag
+
+    store.put = put_then_pause
+    renewal = threading.Thread(target=a.renew, name="renewal")
+    renewal.start()
+    assert landed.wait(10)
+    releasing = ThreadPoolExecutor(1).submit(a.release)
+    time.sleep(0.2)  # the release is under way (it waits for the renewal)
+    go_on.set()
+    renewal.join(10)
+    assert releasing.result(10) is True
+    assert json.loads(store.get(lease_key("ending")).data)["released"]
+    b = Lease(store, "ending", ttl=30)
+    b.acquire()  # at once: no TTL to wait out
+    assert b.generation == 2
+
+
 def test_bad_run_ids_are_refused(store):
     for bad in ("", "..", "a/b", "-x", "x" * 129, "a b"):
         with pytest.raises(ValueError):

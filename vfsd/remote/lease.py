@@ -150,6 +150,10 @@ class Lease:
         self.owner = owner or Owner.me()
         self._wall = wall_clock
         self._lock = threading.Lock()
+        # Held across each renewal's or release's write and the ETag it yields,
+        # so a release never writes with the ETag an in-flight renewal replaces
+        # (an abandoned renewal landing first left the lease renewed, not released).
+        self._write_lock = threading.Lock()
         self._etag: str | None = None
         self._generation = 0
         self._seq = 0
@@ -363,6 +367,10 @@ class Lease:
         first), RemoteError if the store could not be reached (try again soon:
         the lease is still valid until `remaining()` runs out).
         """
+        with self._write_lock:
+            self._renew_writing()
+
+    def _renew_writing(self) -> None:
         for _ in range(3):
             with self._lock:
                 if not self._valid_locked():
@@ -403,26 +411,31 @@ class Lease:
         self._lose("the lease object keeps changing under us")
         raise LeaseLost(f"lease on run {self.run_id} lost: it keeps changing")
 
-    def release(self) -> None:
-        """Give the lease up so the next worker need not wait (best effort).
+    def release(self) -> bool:
+        """Give the lease up so the next worker need not wait (best effort):
+        True if the bucket now says released, False if it will lapse instead.
 
-        Blocks: run it in a worker thread. After this, `valid` is False.
+        Blocks: run it in a worker thread (it waits for a renewal in flight).
+        After this, `valid` is False.
         """
-        with self._lock:
-            held = self._valid_locked()
-            etag, generation, deadline = self._etag, self._generation, self._valid_until
-            self._held = False
-            self._lost_reason = self._lost_reason or "released"
-        if not held:
-            return
-        try:
-            # Not after our validity: by then another worker may hold it.
-            self.store.put(self.key, self._body(generation, released=True), if_match=etag,
-                           deadline=deadline)
-            log.info("lease_released", run=self.run_id, generation=generation)
-        except RemoteError as exc:
-            # It will lapse after its TTL instead.
-            log.warning("lease_release_failed", run=self.run_id, error=str(exc))
+        with self._write_lock:
+            with self._lock:
+                held = self._valid_locked()
+                etag, generation, deadline = self._etag, self._generation, self._valid_until
+                self._held = False
+                self._lost_reason = self._lost_reason or "released"
+            if not held:
+                return False
+            try:
+                # Not after our validity: by then another worker may hold it.
+                self.store.put(self.key, self._body(generation, released=True),
+                               if_match=etag, deadline=deadline)
+            except RemoteError as exc:
+                # It will lapse after its TTL instead.
+                log.warning("lease_release_failed", run=self.run_id, error=str(exc))
+                return False
+        log.info("lease_released", run=self.run_id, generation=generation)
+        return True
 
     def _lose(self, reason: str) -> None:
         with self._lock:

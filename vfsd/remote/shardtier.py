@@ -355,8 +355,7 @@ class VolumeTier(ChunkLink):
             if not (self.publisher and self.publisher.unpublished()):
                 # Every id used is published: the next run goes on from the last.
                 lease.extra["seq_floor"] = self.store.meta_u64(b"snap_seq")
-            await trio.to_thread.run_sync(lease.release)
-            released = True
+            released = await trio.to_thread.run_sync(lease.release)
         self.run = None
         self.publisher = None
         self.shard.running.pop(self.volume_name, None)
