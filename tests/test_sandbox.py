@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -282,6 +283,45 @@ def test_symlinks_to_host_paths_lead_nowhere(mnt, tmp_path, token):
     # A link the command makes to a host path is just as empty.
     made = b.execute(f"ln -s {secret} /{token} && cat /{token}; echo done")
     assert "HOST-SECRET" not in made.output
+
+
+def test_a_masked_file_replaced_while_the_sandbox_starts_costs_no_call(mnt, token,
+                                                                       monkeypatch):
+    """`useradd` and `passwd` replace /etc/shadow by a rename; when that lands
+    while bwrap mounts /dev/null over it, bwrap fails before the command runs
+    ("Can't bind mount ... No such file or directory"): once 1 call in 20 with
+    this churn, and the command said exit 1 with bwrap's words. The set-up is
+    tried again, and no command runs twice."""
+    from mount_tool.sandbox import sandbox as sandbox_module
+
+    masked = Path("/etc", token)
+    masked.write_text("secret\n")
+    monkeypatch.setattr(sandbox_module, "MASKED_PATHS",
+                        (*sandbox_module.MASKED_PATHS, str(masked)))
+    # A real rename is one moment; this churn never stops, so a machine under
+    # load may lose several set-ups in a row.
+    monkeypatch.setattr(sandbox_module, "SETUP_ATTEMPTS", 10, raising=False)
+    stop = threading.Event()
+
+    def churn():
+        fresh = masked.with_name(token + ".new")
+        while not stop.is_set():
+            fresh.write_text("secret\n")
+            os.rename(fresh, masked)
+            time.sleep(0.001)
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        b = VfsdBackend(mnt)
+        results = [b.execute(f"echo {i} >> /ran.txt && echo call {i}") for i in range(60)]
+    finally:
+        stop.set()
+        churner.join()
+    failed = [r.output for r in results if r.exit_code != 0]
+    assert failed == [], failed[:3]
+    assert [r.output for r in results] == [f"call {i}\n" for i in range(60)]
+    assert (mnt.root / "ran.txt").read_text().split() == [str(i) for i in range(60)]
 
 
 def test_fork_bomb_is_bounded_by_the_process_limit(mnt):

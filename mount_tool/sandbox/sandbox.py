@@ -86,6 +86,13 @@ INSTALL_HINT = (
 CPU_POLL_SECONDS = 0.1
 # How long output pipes may stay open after the command exited (isolation="none").
 DRAIN_GRACE_SECONDS = 2.0
+# Written to stdout by the sandbox's shell before it becomes the command (and
+# taken off the output): without it, the command never ran.
+START_MARK = b"+"
+# A sandbox whose set-up failed (a masked file replaced by `useradd` while bwrap
+# mounted over it) is tried again this many times in all, the command not having run.
+SETUP_ATTEMPTS = 5
+SETUP_RETRY_PAUSE = 0.02
 
 
 class SandboxUnavailable(MountToolError):
@@ -412,14 +419,22 @@ class Sandbox:
         wall = self.limits.timeout if timeout is None else timeout
         if wall < 0:
             raise ValueError(f"timeout must be non-negative, got {wall}")
-        group = self._make_group()
-        try:
-            if self.isolation == "bwrap":
-                return self._run_bwrap(command, wall, group, on_confined)
-            return self._run_on_host(command, wall, group, on_confined)
-        finally:
-            group.kill()
-            group.remove()
+        for attempt in range(SETUP_ATTEMPTS):
+            group = self._make_group()
+            try:
+                if self.isolation == "bwrap":
+                    return self._run_bwrap(command, wall, group, on_confined)
+                return self._run_on_host(command, wall, group, on_confined)
+            except _NotStarted as exc:
+                failure = exc
+                logger.warning("execute: the sandbox could not be set up (%s); attempt %d of %d",
+                               exc, attempt + 1, SETUP_ATTEMPTS)
+            finally:
+                group.kill()
+                group.remove()
+            time.sleep(SETUP_RETRY_PAUSE * (attempt + 1))
+        raise SandboxUnavailable(f"execute could not set up its sandbox ({failure}); the "
+                                 f"command did not run ({SETUP_ATTEMPTS} attempts)")
 
     def _make_group(self) -> cgroups.CallGroup:
         if not self.use_cgroups:
@@ -494,7 +509,9 @@ class Sandbox:
         os.write(args_w, b"".join(os.fsencode(a) + b"\0" for a in options))
         os.close(args_w)
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        argv = [self._bwrap_path() or self.bwrap, "--args", str(args_r), "--", shell, "-c", command]
+        # The shell inside first says it is there (START_MARK), then becomes the command.
+        argv = [self._bwrap_path() or self.bwrap, "--args", str(args_r), "--", shell, "-c",
+                'printf %s "$2" && exec "$0" -c "$1"', shell, command, START_MARK.decode()]
         # With a cgroup, bwrap itself joins it before it starts (a shell holds
         # it back, as for isolation="none"): the child it clones is in the group
         # from birth, so the group's kill ends it even if bwrap dies before
@@ -587,7 +604,8 @@ class Sandbox:
             group.kill()
 
         try:
-            return self._supervise(proc, wall, group, kill, exited, started, stopped)
+            return self._supervise(proc, wall, group, kill, exited, started, stopped,
+                                   start_mark=START_MARK)
         finally:
             if sandbox_init is not None:
                 os.close(sandbox_init)
@@ -648,13 +666,16 @@ class Sandbox:
 
     def _supervise(self, proc: subprocess.Popen, wall: float, group: cgroups.CallGroup,
                    kill: Callable[[], None], exited: Callable[[], None],
-                   started: float | None = None, stopped: str | None = None) -> RunResult:
+                   started: float | None = None, stopped: str | None = None, *,
+                   start_mark: bytes | None = None) -> RunResult:
         """Collect output until the command and its pipes are done, enforcing the limits.
 
         `kill` stops the command and everything it started; `exited` runs once
         the command's process has exited, to end whatever it left behind.
         The wall time counts from `started` (default: now); `stopped` says
-        the command was already stopped, and why.
+        the command was already stopped, and why. With `start_mark`, stdout
+        begins with it once the command starts (it is not output); a failure
+        before it raises _NotStarted, so the caller may try again.
         """
         assert proc.stdout is not None and proc.stderr is not None
         output = _Output(self.limits.output_bytes)
@@ -669,6 +690,7 @@ class Sandbox:
         deadline = started + wall if wall else None
         cpu_limit = self.limits.cpu_seconds if group.cpu_seconds() is not None else None
         exited_at: float | None = None
+        before_mark = bytearray() if start_mark else None  # stdout until the mark
         try:
             while streams or exited_at is None:
                 now = time.monotonic()
@@ -685,11 +707,18 @@ class Sandbox:
                         exited()
                         continue
                     data = os.read(fd, 1 << 16)
-                    if data:
-                        output.feed(streams[fd], data)
-                    else:
+                    if not data:
                         poller.unregister(fd)
                         del streams[fd]
+                        continue
+                    if before_mark is not None and streams[fd] == "out":
+                        before_mark += data
+                        if len(before_mark) < len(start_mark):
+                            continue
+                        data = bytes(before_mark[len(start_mark):])
+                        before_mark = None
+                    if data:
+                        output.feed(streams[fd], data)
                 now = time.monotonic()
                 if exited_at is None:
                     if deadline is not None and now >= deadline:
@@ -707,6 +736,8 @@ class Sandbox:
             proc.stderr.close()
             returncode = proc.wait()
         output.close()
+        if before_mark is not None and stopped is None and returncode != 0:
+            raise _NotStarted(output.text().strip()[:1000] or f"exit status {returncode}")
         notes = _limit_notes(group.events(), self.limits)
         exit_code = 128 - returncode if returncode < 0 else returncode
         if stopped == "timeout":
@@ -719,6 +750,10 @@ class Sandbox:
             stopped=stopped,
             notes=notes,
         )
+
+
+class _NotStarted(Exception):
+    """The sandbox failed before the command started: nothing of it ran."""
 
 
 class _Output:
