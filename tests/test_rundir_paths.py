@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -215,7 +216,7 @@ def test_umount_says_when_the_stale_mount_stays(tmp_path: Path):
         run.cleanup()
 
 
-def test_a_stopped_daemon_gives_a_clear_timeout(tmp_path: Path):
+def test_a_stopped_daemon_gives_a_clear_timeout(tmp_path: Path, monkeypatch):
     """A daemon that does not answer (here stopped): `Mount.sync` and the
     shared client's calls fail after their timeout, saying so, and work
     again once it answers."""
@@ -226,6 +227,8 @@ def test_a_stopped_daemon_gives_a_clear_timeout(tmp_path: Path):
         run.mount()
         m = mount_tool.Mount.attach(run.run_dir)
         m.client.timeout = 2
+        # The sync's own timeout plus this grace bounds the wait for its reply.
+        monkeypatch.setattr(sys.modules["mount_tool.mount"], "SYNC_GRACE_SECONDS", 1.0)
         pid = daemon_pid(run)
         freeze(pid)
         try:
