@@ -835,3 +835,16 @@ def test_changes_come_in_pages_and_never_grow_the_store(run) -> None:
     with mount_tool.Mount.attach(run.run_dir) as m:
         assert len(m.changes(0)["changed"]) == n
     assert data_mdb.stat().st_size - before < 4 << 20
+
+
+def test_which_replies_are_encoded_off_the_loop() -> None:
+    """A reply with thousands of items (an eviction pass's records) is encoded in a
+    worker thread; a usual one on the loop, without the thread's round trip."""
+    from vfsd.control.protocol import BULKY_ITEMS, is_bulky
+
+    record = {"path": "d/f.txt", "reason": "max_age", "size": 3}
+    assert is_bulky({"step": 9, "evicted": [record] * (BULKY_ITEMS + 1)})
+    assert is_bulky({"a": {"b": [0] * (BULKY_ITEMS + 1)}})
+    assert is_bulky([[0] * 1000, [0] * 1000, [0] * 1000])
+    assert not is_bulky({"step": 9, "evicted": [record] * 10, "files": 10})
+    assert not is_bulky(None) and not is_bulky("x" * 100_000) and not is_bulky(7)

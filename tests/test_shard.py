@@ -298,6 +298,9 @@ def test_an_eviction_pass_over_thousands_of_files_does_not_hold_the_others(shard
     worker.join()
     res = result["res"]
     assert res["files"] == n and res["steps"] >= 10, {k: res[k] for k in ("files", "steps")}
+    # The reply (encoded off the loop, it is that big) names every file.
+    assert sorted(r["path"] for r in res["evicted"]) == sorted(
+        f"{i // 500}/f{i}" for i in range(n))
     assert made_during >= 10, f"only {made_during} creates while the pass ran"
     assert list((fs / "big").rglob("f*")) == []
     assert len(list((fs / "small").iterdir())) == i

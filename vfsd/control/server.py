@@ -30,7 +30,7 @@ import trio
 
 from .connslots import IDLE, READING, WORKING, Slot, SlotTable
 from .handlers import error_of
-from .protocol import MAX_REQUEST, ProtocolError, decode_request, encode_reply
+from .protocol import MAX_REQUEST, ProtocolError, decode_request, encode_reply, is_bulky
 from .requests import peer
 from .unixpath import reachable_socket_path
 
@@ -180,7 +180,7 @@ class ControlServer:
             if error is not None and error[0] == "too_large":
                 await self._send_bounded(stream, encode_reply(req_id, error=error))
                 return
-            reply = encode_reply(req_id, result=result, error=error)
+            reply = await self._encode(req_id, result, error)
             # Names that eviction removed must be gone from the kernel's cache
             # before the client hears back: `ls` right after must not see them.
             pending = volume.evictor.take_invalidations() if volume is not None else None
@@ -188,6 +188,17 @@ class ControlServer:
                 await self._invalidate(volume, pending)
             if not await self._send_bounded(stream, reply):
                 return
+
+    async def _encode(self, req_id, result, error) -> bytes:
+        """The reply line; a bulky one is encoded in a worker thread, so the
+        loop serves other requests meanwhile."""
+        if error is None and is_bulky(result):
+            try:
+                return await trio.to_thread.run_sync(
+                    lambda: encode_reply(req_id, result=result))
+            except RuntimeError:
+                pass  # changed while encoded (a live structure): encode it here
+        return encode_reply(req_id, result=result, error=error)
 
     async def _invalidate(self, volume, pending) -> None:
         try:
