@@ -1,19 +1,20 @@
 """Every checkpoint brings back exactly its files, in-process: every saver, every durability.
 
-A Deep Agents agent (tests/history_agent.py) on a Runs, 8 threads at once,
+A Deep Agents agent (tests/history_agent.py) on a Runs, 5 threads at once
+(8 with `VFSD_LONG=1`) per durability,
 each with: a turn whose plan writes, edits and runs commands and hands a
 sub-plan to a subagent (`task`: a subgraph); a turn that first waits at an
 interrupt (a tool calling `interrupt()`), resumed with `Command(resume=...)`;
 a fork made by `update_state` on a past checkpoint, run with a plan of its
 own. The savers are InMemorySaver (async API),
-PostgresSaver (sync API, 8 threads at once in worker threads) and
+PostgresSaver (sync API, the threads at once in worker threads) and
 AsyncPostgresSaver, each behind a wrapper that sleeps 50-200 ms in every
 put (a network round trip, a loaded database); durability "sync", "async"
-and "exit". Then every checkpoint of every thread is run from and the files
-the run lists are compared with the test's model of the tool calls
-(tests/history_check.py).
+and "exit". Then every checkpoint's snapshot of every thread, and a run from
+every checkpoint of one thread per durability, are compared with the test's
+model of the tool calls (tests/history_check.py).
 
-`VFSD_LONG=1` runs more turns per thread.
+`VFSD_LONG=1` runs more turns per thread, and from every thread's checkpoints.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from mount_tool.langgraph import VfsdCheckpointer  # noqa: E402
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 LONG = bool(os.environ.get("VFSD_LONG"))
-THREADS = 8
+THREADS = 8 if LONG else 5
 DURABILITIES = ("sync", "async", "exit")
 # Threads per durability whose every checkpoint is also run from.
 RUN_FROM = THREADS if LONG else 1

@@ -43,7 +43,7 @@ from conftest import MountedRun, is_mounted, vfsd_cli
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 LONG = bool(os.environ.get("VFSD_LONG"))
-ROUNDS = 150 if LONG else 16
+ROUNDS = 150 if LONG else 10
 KiB = 1024
 MiB = 1024 * KiB
 # Small tiers so that a round crosses many inline/chunk boundaries cheaply.

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.fuse
 
 CS = 64 * 1024
 OPTS = ("--chunk-size", str(CS), "--inline-max", "4096", "--snapshot-keep-last", "4")
-SEEDS = 40 if os.environ.get("VFSD_LONG") == "1" else 3
+SEEDS = 40 if os.environ.get("VFSD_LONG") == "1" else 2
 
 
 def change(root: Path, rnd: random.Random, pool: list[bytes], steps: int) -> None:
