@@ -291,11 +291,18 @@ def test_a_copy_never_deletes_a_thread_it_does_not_recognise(runs):
 
 
 def test_threads_are_directories_of_a_few_daemons(tmp_path):
-    """Twelve threads, two shard daemons and two mounts; nothing else. A Runs
+    """Twelve threads (or more, until both shards have one), two shard daemons
+    and two mounts; nothing else. A Runs
     opened again with another shard count finds every thread on the shard
     its record names, and puts new ones on the new count's."""
     root = tmp_path / "few"
-    threads = [fresh("few") for _ in range(12)]
+
+    def shard_of(thread: str, count: int) -> int:
+        return int(thread_dir_name(thread)[1:9], 16) % count
+
+    threads: list[str] = []
+    while len(threads) < 12 or {shard_of(t, 2) for t in threads} != {0, 1}:
+        threads.append(fresh("few"))
     with mount_tool.runs(root, shards=2) as few:
         for i, thread in enumerate(threads):
             with few.use(thread) as m:
@@ -315,10 +322,14 @@ def test_threads_are_directories_of_a_few_daemons(tmp_path):
             with more.use(thread) as m:
                 assert (m.root / "n.txt").read_text() == str(i)
                 assert m.shard.name == placed[thread]
-        new = [fresh("more") for _ in range(9)]
+        # New threads until each of the three shards has one (random ids alone
+        # left shard 2 without any 1 time in 40).
+        new: list[str] = []
+        while len(new) < 9 or {shard_of(t, 3) for t in new} != {0, 1, 2}:
+            new.append(fresh("more"))
         for thread in new:
             with more.use(thread) as m:
-                assert m.shard.name == str(int(thread_dir_name(thread)[1:9], 16) % 3)
+                assert m.shard.name == str(shard_of(thread, 3))
         assert len(daemons_under(root)) == 3
     assert daemons_under(root) == [] and mounts_under(root) == []
 
