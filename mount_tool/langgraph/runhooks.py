@@ -95,12 +95,16 @@ def register(run_id: UUID, mode: str, end: Callable[[BaseException | None], None
             _async_open += 1
 
 
-def forget(run_id: UUID) -> _Open | None:
-    """The run's registration, removed (None: not registered, or ended)."""
+def forget(run_id: UUID, mode: str | None = None) -> _Open | None:
+    """The run's registration, removed (None: not registered, or ended, or,
+    given `mode`, registered by a run of the other kind, left as it is)."""
     global _async_open
     with _lock:
-        entry = _open.pop(run_id, None)
-        if entry is not None and entry.mode == "async":
+        entry = _open.get(run_id)
+        if entry is None or (mode is not None and entry.mode != mode):
+            return None
+        del _open[run_id]
+        if entry.mode == "async":
             _async_open -= 1
     return entry
 
@@ -154,11 +158,7 @@ class RunStartHook(_ChainsOnly, BaseCallbackHandler):
 
     @staticmethod
     def _ended(run_id: UUID, error: BaseException | None) -> None:
-        with _lock:
-            entry = _open.get(run_id)
-            if entry is None or entry.mode != "sync":
-                return
-        entry = forget(run_id)
+        entry = forget(run_id, "sync")
         if entry is not None:
             _finish(entry, run_id, error)
 
@@ -187,11 +187,7 @@ class AsyncRunEndHook(_ChainsOnly, AsyncCallbackHandler):
 
     @staticmethod
     async def _ended(run_id: UUID, error: BaseException | None) -> None:
-        with _lock:
-            entry = _open.get(run_id)
-            if entry is None or entry.mode != "async":
-                return
-        entry = forget(run_id)
+        entry = forget(run_id, "async")
         if entry is not None:
             await asyncio.to_thread(_finish, entry, run_id, error)
 
